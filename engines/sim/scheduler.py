@@ -1,0 +1,227 @@
+"""A continuous-batching scheduler modelled on vLLM's (V1), with no clock of its own.
+
+The driver asks `plan(now)` for the next step (which sequences decode, which are prefilled, how
+long the step takes), waits that long on whatever clock it has (real time in the server, a
+virtual clock in tests and in the fitter), then calls `commit(step, end)` which hands out tokens.
+Everything here is deterministic given the seeded RNG used for speculative acceptance.
+
+What is modelled, as vLLM does it:
+- a FCFS waiting queue and a running batch bounded by `max_num_seqs`, by the step's token budget
+  (`max_num_batched_tokens`) and by KV capacity in blocks of `block_size` tokens;
+- running sequences are served first; when one cannot get a KV slot for its next tokens the most
+  recently admitted sequence is preempted (its blocks freed, to be recomputed from the front of
+  the waiting queue: prompt plus what it had generated);
+- prefill of newly admitted sequences shares the step with decodes (chunked prefill) and yields
+  their first token;
+- speculative decoding: each decode verifies k drafts, accepted position by position, so a step
+  emits 1..k+1 tokens for that sequence; lookahead KV slots are reserved for all k+1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from engines.sim.profile import Profile
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    rid: str
+    prompt_tokens: int
+    target_tokens: int
+    arrival: float
+    generated: int = 0
+    blocks: int = 0
+    computed: bool = False  # KV holds prompt + generated
+    first_scheduled: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    preemptions: int = 0
+    finished: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return self.target_tokens - self.generated
+
+    @property
+    def context(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+@dataclass(slots=True)
+class Step:
+    decodes: list[Sequence]
+    prefills: list[Sequence]
+    tokens: int
+    duration: float
+    started: float
+
+
+@dataclass(slots=True)
+class Emission:
+    seq: Sequence
+    tokens: int
+    finished: bool
+
+
+@dataclass(slots=True)
+class SpecCounters:
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, profile: Profile, rng: random.Random | None = None) -> None:
+        self.profile = profile
+        self.rng = rng or random.Random(0)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_blocks = profile.num_gpu_blocks
+        self.preemptions = 0
+        spec = profile.speculative
+        self.lookahead = spec.num_speculative_tokens if spec else 0
+        self.spec = SpecCounters(accepted_per_pos=[0] * self.lookahead)
+
+    # -- queue management ------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> bool:
+        """Drop a sequence wherever it is; returns whether it was still there."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            return False
+        self._free(seq)
+        seq.finished = True
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    @property
+    def kv_usage(self) -> float:
+        total = self.profile.num_gpu_blocks
+        return (total - self.free_blocks) / total
+
+    def fits(self, prompt_tokens: int) -> bool:
+        """Whether a prompt could ever be scheduled (it alone must fit the KV pool)."""
+        return self.profile.blocks_for(prompt_tokens + 1) <= self.profile.num_gpu_blocks
+
+    # -- one step --------------------------------------------------------------------------
+    def plan(self, now: float) -> Step | None:
+        p = self.profile
+        budget = p.max_num_batched_tokens
+        per_decode = 1 + self.lookahead
+        decodes: list[Sequence] = []
+        # Running sequences first, oldest first; preempt from the newest end when KV runs out.
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            need = p.blocks_for(seq.context + per_decode) - seq.blocks
+            while need > self.free_blocks and self.running[-1] is not seq:
+                self._preempt(self.running[-1])
+            if need > self.free_blocks:
+                self._preempt(seq)  # not even the oldest fits: it waits for recompute
+                continue
+            self.free_blocks -= max(0, need)
+            seq.blocks += max(0, need)
+            decodes.append(seq)
+            budget -= per_decode
+            i += 1
+        prefills: list[Sequence] = []
+        prefill_tokens = 0
+        while self.waiting and len(self.running) < p.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq.context
+            if tokens > budget and (decodes or prefills):
+                break
+            need = p.blocks_for(tokens + 1)
+            if need > self.free_blocks:
+                break  # FCFS: the head of the queue blocks the rest, as in vLLM
+            self.waiting.popleft()
+            self.free_blocks -= need
+            seq.blocks = need
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+            self.running.append(seq)
+            prefills.append(seq)
+            prefill_tokens += tokens
+            budget -= tokens
+        if not decodes and not prefills:
+            return None
+        total = len(decodes) * per_decode + prefill_tokens
+        return Step(
+            decodes=decodes,
+            prefills=prefills,
+            tokens=total,
+            duration=p.cost.step_s(total, prefill=bool(prefills)),
+            started=now,
+        )
+
+    def commit(self, step: Step, now: float) -> list[Emission]:
+        out: list[Emission] = []
+        for seq in step.decodes:
+            if seq.finished or not seq.computed:
+                continue  # aborted (or preempted) while the step ran
+            out.append(self._emit(seq, self._decode_tokens(seq), now))
+        for seq in step.prefills:
+            if seq.finished:
+                continue
+            seq.computed = True
+            out.append(self._emit(seq, 1, now))
+        return out
+
+    # -- internals -------------------------------------------------------------------------
+    def _decode_tokens(self, seq: Sequence) -> int:
+        spec = self.profile.speculative
+        if spec is None:
+            return 1
+        accepted = 0
+        for pos, prob in enumerate(spec.acceptance):
+            if self.rng.random() >= prob:
+                break
+            accepted += 1
+            self.spec.accepted_per_pos[pos] += 1
+        self.spec.drafts += 1
+        self.spec.draft_tokens += spec.num_speculative_tokens
+        self.spec.accepted_tokens += accepted
+        return 1 + accepted
+
+    def _emit(self, seq: Sequence, n: int, now: float) -> Emission:
+        n = min(n, seq.remaining)
+        seq.generated += n
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        seq.last_token_at = now
+        done = seq.remaining <= 0
+        if done:
+            seq.finished = True
+            self.running.remove(seq)
+            self._free(seq)
+        else:
+            # Keep the allocation tight to what the context holds now.
+            keep = self.profile.blocks_for(seq.context)
+            if seq.blocks > keep:
+                self.free_blocks += seq.blocks - keep
+                seq.blocks = keep
+        return Emission(seq, n, done)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._free(seq)
+        seq.computed = False
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        self.free_blocks += seq.blocks
+        seq.blocks = 0

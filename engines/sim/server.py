@@ -1,0 +1,417 @@
+"""The simulator's HTTP face: vLLM's OpenAI-compatible server, field for field.
+
+Endpoints, JSON and SSE framing, error shapes and metric names follow vLLM (V1); what happens
+inside is the scheduler of engines.sim.scheduler running in real time (engines.sim.engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engines.sim import tokens
+from engines.sim.engine import AsyncEngine
+from engines.sim.faults import FaultRequest, Faults
+from engines.sim.metrics import EngineMetrics
+from engines.sim.profile import Profile
+from engines.sim.schemas import ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0+tiergate.sim"
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class SimConfig:
+    profile: Profile
+    served_models: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    speedup: float = 1.0
+    seed: int = 0
+    faults: Faults = field(default_factory=Faults)
+
+    def __post_init__(self) -> None:
+        if not self.served_models:
+            self.served_models = [self.profile.model]
+
+
+class ApiError(Exception):
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        500: "InternalServerError",
+        503: "ServiceUnavailableError",
+    }
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict[str, Any]:
+        kind = self.TYPES.get(self.status, "BadRequestError")
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.status}}  # fmt: skip
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+@dataclass(slots=True)
+class Job:
+    """One admitted request: everything needed to produce its reply."""
+
+    rid: str
+    model: str
+    created: int
+    prompt_tokens: int
+    plan: tokens.Plan
+    seed: int
+    fault: FaultRequest
+    received: float
+
+
+class Simulator:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.metrics = EngineMetrics(cfg.profile, cfg.served_models[0])
+        self.engine = AsyncEngine(cfg.profile, self.metrics, speedup=cfg.speedup, seed=cfg.seed)
+        self.rng = random.Random(cfg.seed)
+        self.requests_seen = 0
+
+    # -- request intake -----------------------------------------------------------------------
+    async def parse(self, request: Request, schema: type[M]) -> M:
+        try:
+            data = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"Invalid JSON body: {e}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        try:
+            return schema.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+
+    def model_for(self, requested: str | None) -> str:
+        if requested is None:
+            return self.cfg.served_models[0]
+        if requested not in self.cfg.served_models:
+            raise ApiError(404, f"The model `{requested}` does not exist.", "model")
+        return requested
+
+    def admit(
+        self,
+        request: Request,
+        body: CompletionRequest | ChatCompletionRequest,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        prefix: str,
+    ) -> Job:
+        received = self.engine.now()
+        model = self.model_for(body.model)
+        if body.n != 1:
+            raise ApiError(400, "The simulator serves n=1 only.", "n")
+        limit = self.cfg.profile.max_model_len
+        if prompt_tokens >= limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, "
+                f"your request has {prompt_tokens} input tokens.",
+                "prompt",
+            )
+        if max_tokens is None:
+            max_tokens = limit - prompt_tokens
+        if prompt_tokens + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                "completion.",
+                "max_tokens",
+            )
+        if body.min_tokens > max_tokens:
+            raise ApiError(400, "min_tokens must be less than or equal to max_tokens", "min_tokens")
+        if not self.engine.sched.fits(prompt_tokens):
+            raise ApiError(400, "The prompt does not fit the KV cache.", "prompt")
+        fault = self.cfg.faults.for_request(request.headers.get("x-sim-fault"), self.rng)
+        seed = body.seed or 0
+        plan = tokens.plan_output(
+            seed=seed,
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
+            ignore_eos=body.ignore_eos,
+            stop=body.stops,
+            natural=tokens.natural_length(
+                f"{seed}:{prompt_tokens}:{request.headers.get('x-request-id', '')}",
+                self.cfg.profile.natural_tokens_mean,
+            ),
+        )
+        self.requests_seen += 1
+        return Job(
+            rid=f"{prefix}-{body.request_id or uuid.uuid4().hex}",
+            model=model,
+            created=int(time.time()),
+            prompt_tokens=prompt_tokens,
+            plan=plan,
+            seed=seed,
+            fault=fault,
+            received=received,
+        )
+
+    # -- generation ---------------------------------------------------------------------------
+    async def pieces(self, job: Job) -> AsyncIterator[tuple[str, bool]]:
+        """The reply's text, one piece per engine step that advanced it, and whether it is the
+        last piece."""
+        fault = job.fault
+        if fault.crash:
+            log.warning("crash fault: exiting")
+            os._exit(3)
+        if fault.error:
+            raise ApiError(500, "Simulated engine failure (fault injection).")
+        if fault.hang:
+            await asyncio.Event().wait()
+        if fault.slow_first_token_s:
+            await asyncio.sleep(fault.slow_first_token_s)
+        done = 0
+        plan = job.plan
+        async for n in self.engine.generate(
+            job.rid, job.prompt_tokens, plan.tokens, job.received, plan.finish_reason
+        ):
+            start, done = done, done + n
+            last = done >= plan.tokens
+            if last and plan.stop_reason:
+                visible = tokens.visible_text(job.seed, plan.tokens, plan.stop_reason)
+                yield visible[len(tokens.text_of(job.seed, 0, start)) :], True
+            else:
+                yield tokens.text_of(job.seed, start, done), last
+            if fault.error_after_first and not last:
+                raise ApiError(500, "Simulated engine failure mid-stream (fault injection).")
+        self.after_request()
+
+    def after_request(self) -> None:
+        crash_after = self.cfg.faults.crash_after
+        if crash_after is not None and self.requests_seen >= crash_after:
+            log.warning("crash_after=%d reached: exiting", crash_after)
+            os._exit(3)
+
+    def usage(self, job: Job) -> dict[str, int]:
+        n = job.plan.tokens
+        return {"prompt_tokens": job.prompt_tokens, "completion_tokens": n,
+                "total_tokens": job.prompt_tokens + n}  # fmt: skip
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _stream(
+    sim: Simulator,
+    job: Job,
+    body: CompletionRequest | ChatCompletionRequest,
+    chunk: Callable[[str, str | None], dict[str, Any]],
+    first: dict[str, Any] | None,
+) -> AsyncIterator[bytes]:
+    opts = body.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    continuous = bool(opts and opts.continuous_usage_stats)
+    try:
+        if first is not None:
+            yield _sse(first)
+        async for text, last in sim.pieces(job):
+            # As in vLLM, the chunk that carries the last text also carries the finish reason.
+            payload = chunk(text, job.plan.finish_reason if last else None)
+            if continuous:
+                payload["usage"] = sim.usage(job)
+            yield _sse(payload)
+        if include_usage:
+            yield _sse({**chunk("", None), "choices": [], "usage": sim.usage(job)})
+    except ApiError as e:
+        sim.metrics.success["error"].inc()
+        yield _sse(e.body())
+    yield b"data: [DONE]\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(sim: Simulator, job: Job, request: Request) -> str:
+    """Run a non-streaming request to the end, aborting it if the client goes away."""
+
+    async def run() -> str:
+        return "".join([piece async for piece, _ in sim.pieces(job)])
+
+    work = asyncio.ensure_future(run())
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    return await work
+
+
+def create_app(cfg: SimConfig) -> Starlette:
+    sim = Simulator(cfg)
+
+    def handler(
+        fn: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapped(request: Request) -> Response:
+            if (
+                cfg.api_key
+                and request.url.path.startswith("/v1")
+                and request.headers.get("authorization") != f"Bearer {cfg.api_key}"
+            ):
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            try:
+                return await fn(request)
+            except ApiError as e:
+                if e.status >= 500:
+                    sim.metrics.success["error"].inc()
+                return e.response()
+
+        return wrapped
+
+    async def completions(request: Request) -> Response:
+        body = await sim.parse(request, CompletionRequest)
+        n_prompt = _count_completion_prompt(body.prompt)
+        job = sim.admit(request, body, n_prompt, body.max_tokens, "cmpl")
+
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            stop_reason = job.plan.stop_reason if finish else None
+            return {"id": job.rid, "object": "text_completion", "created": job.created,
+                    "model": job.model, "choices": [{"index": 0, "text": text, "logprobs": None,
+                    "finish_reason": finish, "stop_reason": stop_reason}]}  # fmt: skip
+
+        if body.stream:
+            return StreamingResponse(_stream(sim, job, body, chunk, None),
+                                     media_type="text/event-stream")  # fmt: skip
+        text = await _collect(sim, job, request)
+        out = chunk(text, job.plan.finish_reason)
+        out["usage"] = sim.usage(job)
+        return JSONResponse(out)
+
+    async def chat(request: Request) -> Response:
+        body = await sim.parse(request, ChatCompletionRequest)
+        n_prompt = tokens.count_chat([m.text() for m in body.messages])
+        job = sim.admit(request, body, n_prompt, body.max_completion_tokens or body.max_tokens,
+                        "chatcmpl")  # fmt: skip
+
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            stop_reason = job.plan.stop_reason if finish else None
+            delta = {"content": text} if text or not finish else {}
+            return {"id": job.rid, "object": "chat.completion.chunk", "created": job.created,
+                    "model": job.model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                    "finish_reason": finish, "stop_reason": stop_reason}]}  # fmt: skip
+
+        if body.stream:
+            first = chunk("", None)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            return StreamingResponse(_stream(sim, job, body, chunk, first),
+                                     media_type="text/event-stream")  # fmt: skip
+        text = await _collect(sim, job, request)
+        return JSONResponse({
+            "id": job.rid, "object": "chat.completion", "created": job.created, "model": job.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                         "tool_calls": []}, "logprobs": None,
+                         "finish_reason": job.plan.finish_reason,
+                         "stop_reason": job.plan.stop_reason}],
+            "usage": sim.usage(job),
+        })  # fmt: skip
+
+    async def models(request: Request) -> Response:
+        now = int(time.time())
+        data = [{"id": m, "object": "model", "created": now, "owned_by": "vllm", "root": m,
+                 "parent": None, "max_model_len": cfg.profile.max_model_len}
+                for m in cfg.served_models]  # fmt: skip
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=503 if cfg.faults.unhealthy else 200)
+
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": VERSION})
+
+    async def load(request: Request) -> Response:
+        return JSONResponse({"server_load": sim.engine.load})
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(sim.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def faults(request: Request) -> Response:
+        """Inspect or change the fault settings of a running simulator (chaos tests)."""
+        if request.method == "POST":
+            try:
+                changes = json.loads(await request.body())
+            except json.JSONDecodeError as e:
+                raise ApiError(400, f"Invalid JSON body: {e}") from None
+            cfg.faults = _merge_faults(cfg.faults, changes)
+            if cfg.faults.hang:
+                sim.engine.freeze()
+        return JSONResponse(cfg.faults.model_dump())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sim.engine.start()
+        if cfg.faults.hang:
+            sim.engine.freeze()
+        yield
+        await sim.engine.stop()
+
+    routes = [
+        Route("/v1/completions", handler(completions), methods=["POST"]),
+        Route("/v1/chat/completions", handler(chat), methods=["POST"]),
+        Route("/v1/models", handler(models)),
+        Route("/health", health),
+        Route("/ping", health, methods=["GET", "POST"]),
+        Route("/version", version),
+        Route("/load", load),
+        Route("/metrics", metrics),
+        Route("/sim/faults", handler(faults), methods=["GET", "POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sim = sim
+    return app
+
+
+def _count_completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    if isinstance(prompt, str):
+        return tokens.count_text(prompt)
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty", "prompt")
+    if all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if len(prompt) != 1:
+        raise ApiError(400, "The simulator serves one prompt per request.", "prompt")
+    first = prompt[0]
+    return tokens.count_text(first) if isinstance(first, str) else max(1, len(first))  # type: ignore[arg-type]
+
+
+def _merge_faults(current: Faults, changes: Any) -> Faults:
+    if not isinstance(changes, dict):
+        raise ApiError(400, "Send a JSON object of fault settings.")
+    try:
+        return Faults.model_validate({**current.model_dump(), **changes})
+    except ValidationError as e:
+        raise ApiError(400, str(e.errors()[0]["msg"])) from None
