@@ -49,7 +49,9 @@ def sim(
     api_key: Annotated[
         str | None, typer.Option(envvar="VLLM_API_KEY", help="Require this bearer token on /v1.")
     ] = None,
-    fault_error_rate: Annotated[float, typer.Option(help="Share of requests failing with 500.")] = 0,
+    fault_error_rate: Annotated[
+        float, typer.Option(help="Share of requests failing with 500.")
+    ] = 0,
     fault_slow_first_token: Annotated[
         float, typer.Option(help="Extra seconds before every first token.")
     ] = 0,
@@ -96,13 +98,16 @@ def bench_calibrate(
         list[str] | None, typer.Option("--profile", help="Profiles to run (default: all).")
     ] = None,
     requests_per_user: Annotated[
-        int, typer.Option(help="Closed-loop requests per user (the first one is warm-up).")
-    ] = 3,
+        int | None,
+        typer.Option(
+            help="Closed-loop requests per user, the first being warm-up (default: targets.yaml)."
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the table as JSON here.")] = None,
 ) -> None:
     """Drive each simulator profile at the tutorial's concurrencies over HTTP and compare every
     cell with the table: target, measured, ratio."""
-    from engines.sim.calibrate import run
+    from loadtests.calibrate import run
 
     _logging("warning")
     run(profiles or None, requests_per_user=requests_per_user, out=out)
@@ -110,3 +115,7 @@ def bench_calibrate(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

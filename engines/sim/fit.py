@@ -56,7 +56,7 @@ def load_targets(path: Path = TARGETS) -> dict[str, Any]:
 
 
 def evaluate(
-    profile: Profile, targets: Sequence[Cell], workload: dict[str, int], requests_per_user: int = 4
+    profile: Profile, targets: Sequence[Cell], workload: dict[str, int], requests_per_user: int = 5
 ) -> list[tuple[Cell, float]]:
     runs = {
         c: closed_loop(
@@ -76,7 +76,9 @@ def with_cost(profile: Profile, names: Sequence[str], values: Sequence[float]) -
     return profile.model_copy(update={"cost": cost})
 
 
-def fit(profile: Profile, spec: dict[str, Any], workload: dict[str, int]) -> Profile:
+def fit(
+    profile: Profile, spec: dict[str, Any], workload: dict[str, int], requests_per_user: int
+) -> Profile:
     from scipy.optimize import least_squares  # optional dependency (the dev extra)
 
     names: list[str] = list(spec["fit"])
@@ -86,16 +88,22 @@ def fit(profile: Profile, spec: dict[str, Any], workload: dict[str, int]) -> Pro
 
     def residuals(x: Sequence[float]) -> list[float]:
         p = with_cost(profile, names, [math.exp(v) for v in x])
-        return [math.log(m / t.value) for t, m in evaluate(p, targets, workload)]
+        return [math.log(m / t.value) for t, m in evaluate(p, targets, workload, requests_per_user)]
 
     res = least_squares(residuals, x0, diff_step=0.02, xtol=1e-6, ftol=1e-6, max_nfev=300)
     values = [float(f"{math.exp(v):.4g}") for v in res.x]
     return with_cost(profile, names, values)
 
 
-def report(name: str, profile: Profile, spec: dict[str, Any], workload: dict[str, int]) -> None:
+def report(
+    name: str,
+    profile: Profile,
+    spec: dict[str, Any],
+    workload: dict[str, int],
+    requests_per_user: int,
+) -> None:
     print(f"profile {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in profile.cost))
-    for cell, m in evaluate(profile, list(cells(spec["match"])), workload):
+    for cell, m in evaluate(profile, list(cells(spec["match"])), workload, requests_per_user):
         print(
             f"  c={cell.concurrency:<3} {cell.metric:8} target {cell.value:>8g}  "
             f"model {m:>9.4g}  ratio {m / cell.value:.3f}"
@@ -126,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = list(data["profiles"]) if args.profile == "all" else [args.profile]
     for name in names:
         spec = data["profiles"][name]
-        fitted = fit(load_profile(name), spec, data["workload"])
-        report(name, fitted, spec, data["workload"])
+        rpu = int(data["requests_per_user"])
+        fitted = fit(load_profile(name), spec, data["workload"], rpu)
+        report(name, fitted, spec, data["workload"], rpu)
         if args.write:
             print(f"  wrote {write_profile(fitted)}")
 

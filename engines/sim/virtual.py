@@ -113,8 +113,9 @@ def closed_loop(
     # Skip each user's first request (warm-up); throughput over the window where all are active.
     measured = tuple(r for _, n, r in done if n > 1)
     first_done = max(r.sent + r.e2e for _, n, r in done if n == 1)
-    last_start = {u: r.sent for u, n, r in done if n == requests_per_user}
-    window_end = min(last_start.values()) if last_start else now
+    # Every user is active until its last request ends.
+    last_end = [r.sent + r.e2e for _, n, r in done if n == requests_per_user]
+    window_end = min(last_end) if last_end else now
     tokens = sum(n for t, n in emitted if first_done < t <= window_end)
     span = window_end - first_done
     tok_s = tokens / span if span > 0 else float("nan")

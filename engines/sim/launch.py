@@ -1,0 +1,119 @@
+"""Start and stop simulator processes (for `tiergate up`, benchmarks and tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll `url` until it answers 200; fail early if `proc` died."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError as e:
+            last = e
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout}s ({last})")
+
+
+@dataclass
+class SimProcess:
+    """One `tiergate sim` process on a loopback port."""
+
+    profile: str
+    port: int = 0
+    args: Sequence[str] = ()
+    host: str = "127.0.0.1"
+    log: Path | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> SimProcess:
+        if not self.port:
+            self.port = free_port(self.host)
+        cmd = [sys.executable, "-m", "gateway.cli", "sim", "--profile", self.profile,
+               "--port", str(self.port), "--host", self.host, *self.args]  # fmt: skip
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_http(self.url + "/health", timeout, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill without warning (the chaos tests' instance failure)."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def __enter__(self) -> SimProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+@contextlib.contextmanager
+def cpu_meter(pid: int) -> Iterator[list[float]]:
+    """Yields a list that holds, after the block, the cores the process used on average."""
+    box: list[float] = []
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    yield box
+    box.append((cpu_seconds(pid) - c0) / (time.perf_counter() - t0))
