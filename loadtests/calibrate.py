@@ -63,9 +63,15 @@ def _value(stats: LoopStats, metric: str, speedup: float) -> float:
 
 
 def _model_value(
-    profile_name: str, concurrency: int, metric: str, workload: dict[str, int]
+    profile_name: str, concurrency: int, metric: str, workload: dict[str, int], rpu: int
 ) -> float:
-    r = virtual_loop(load_profile(profile_name), concurrency, **workload)
+    r = virtual_loop(
+        load_profile(profile_name),
+        concurrency,
+        prompt_tokens=workload["prompt_tokens"],
+        output_tokens=workload["output_tokens"],
+        requests_per_user=rpu,
+    )
     if metric == "tok_s":
         return r.tok_s
     return r.median(metric.split("_")[0]) * (1000.0 if metric.endswith("_ms") else 1.0)
@@ -87,7 +93,8 @@ async def _measure(
         requests_per_user=requests_per_user,
         stagger_s=stagger,
         on_done=lambda _: progress.advance(task),
-        **workload,
+        prompt_tokens=workload["prompt_tokens"],
+        output_tokens=workload["output_tokens"],
     )
     progress.remove_task(task)
     return stats

@@ -118,13 +118,15 @@ def test_openai_client(v3: SimProcess) -> None:
     client = openai.OpenAI(base_url=v3.url + "/v1", api_key="EMPTY")
     out = client.completions.create(model=MODEL, prompt="hello", max_tokens=5,
                                     extra_body={"ignore_eos": True})  # fmt: skip
-    assert out.usage is not None and out.usage.completion_tokens == 5
+    assert out.usage is not None
+    assert out.usage.completion_tokens == 5
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
     )  # fmt: skip
     chunks = list(stream)
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
 
 
 def test_stop_and_min_tokens(v3: SimProcess) -> None:

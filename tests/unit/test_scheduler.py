@@ -117,7 +117,8 @@ def test_serial_profile_runs_one_request_at_a_time() -> None:
         now += step.duration
         sched.commit(step, now)
     assert set(running_sizes) == {1}
-    assert a.last_token_at is not None and b.first_token_at is not None
+    assert a.last_token_at is not None
+    assert b.first_token_at is not None
     assert b.first_token_at > a.last_token_at
 
 
