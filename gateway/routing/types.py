@@ -1,0 +1,147 @@
+"""Values the routing policies read and return. All immutable, so a decision can be replayed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+__all__ = [
+    "Backend",
+    "BackendLoad",
+    "Decision",
+    "LoadSnapshot",
+    "PolicyParams",
+    "Reason",
+    "Role",
+    "RouteRequest",
+    "RouterState",
+]
+
+
+class Role(StrEnum):
+    """What a tier is for; the policy reasons about roles, config names the tiers."""
+
+    LATENCY = "latency"
+    THROUGHPUT = "throughput"
+
+
+class Reason(StrEnum):
+    """Why a decision came out as it did; a metric label and an ``x-tiergate-*`` header value."""
+
+    GOLDEN_RANGE = "golden_range"  # latency tier below its cap took it
+    LATENCY_FULL = "latency_full"  # latency tier at its cap: throughput pool
+    HYSTERESIS = "hysteresis"  # latency tier below its cap but not yet reopened
+    NO_LATENCY = "no_latency"  # no usable latency backend: throughput pool
+    OVERFLOW = "overflow"  # throughput pool saturated: latency tier up to its hard cap
+    SATURATED = "saturated"  # nowhere has room: the app queues or answers 429
+    PINNED = "pinned"  # x-tiergate-tier chose the tier
+    NO_BACKEND = "no_backend"
+    LEAST_LOADED = "least_loaded"
+    ROUND_ROBIN = "round_robin"
+    PREFERRED_TIER = "preferred_tier"  # latency-only / throughput-only got their tier
+    FALLBACK_TIER = "fallback_tier"  # ... or had to use the other one
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One engine instance. ``url`` (its base URL) is its identity everywhere."""
+
+    url: str
+    tier: str
+    role: Role
+    models: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLoad:
+    """Monitor's view of one backend at snapshot time."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    inflight: int = 0
+    healthy: bool = True
+    stale: bool = False
+
+    @property
+    def effective(self) -> int:
+        # vLLM's queue gauges lag by seconds under load; our own in-flight count is fresher, so
+        # take whichever is larger, and only the in-flight count once the scrape is stale.
+        if self.stale:
+            return self.inflight
+        return max(self.running + self.waiting, self.inflight)
+
+
+# A backend the monitor has not reported yet: usable, nothing known about it but our own count.
+_UNKNOWN_LOAD = BackendLoad(stale=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """Every configured backend and its load at one instant."""
+
+    backends: tuple[Backend, ...]
+    loads: Mapping[str, BackendLoad] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
+    taken_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Copy, so a caller mutating its dict cannot change a snapshot a decision was made on.
+        object.__setattr__(self, "loads", MappingProxyType(dict(self.loads)))
+
+    def load(self, url: str) -> BackendLoad:
+        return self.loads.get(url, _UNKNOWN_LOAD)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """The features of a request that routing may look at."""
+
+    model: str
+    pinned: Role | None = None
+    stream: bool = False
+    exclude: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    latency_max_concurrency: int = 16  # the tutorial's golden range for EAGLE-3
+    hysteresis: int = 2
+    latency_hard_cap: int = 24  # overflow limit when the throughput pool is saturated
+    max_waiting: int = 8
+    p2c_min_pool: int = 4
+
+    def __post_init__(self) -> None:
+        if self.latency_max_concurrency < 1:
+            raise ValueError("latency_max_concurrency must be >= 1")
+        if not 0 <= self.hysteresis < self.latency_max_concurrency:
+            raise ValueError("hysteresis must be in [0, latency_max_concurrency)")
+        if self.latency_hard_cap < self.latency_max_concurrency:
+            raise ValueError("latency_hard_cap must be >= latency_max_concurrency")
+        if self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0")
+        if self.p2c_min_pool < 2:
+            raise ValueError("p2c_min_pool must be >= 2 (two choices need two candidates)")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterState:
+    """What a policy remembers between decisions; the caller threads it through."""
+
+    latency_open: bool = True  # hysteresis: is the latency tier accepting work
+    rr: int = 0  # round-robin position
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    candidates: tuple[Backend, ...]  # primary first, then failover order
+    reason: str
+    policy: str
+    state: RouterState  # the state for the next decision
+
+    @property
+    def primary(self) -> Backend | None:
+        return self.candidates[0] if self.candidates else None

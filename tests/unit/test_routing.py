@@ -1,0 +1,602 @@
+"""Tests of the pure routing policies (gateway.routing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from gateway.routing import (
+    DEFAULT_POLICY,
+    POLICIES,
+    Backend,
+    BackendLoad,
+    Decision,
+    LoadSnapshot,
+    PolicyParams,
+    Reason,
+    Role,
+    RouteRequest,
+    RouterState,
+    get_policy,
+    golden_range,
+)
+
+MODEL = "llama-2-7b-chat"
+OTHER = "mistral-7b"
+
+
+def lat(i: int = 0, models: frozenset[str] = frozenset({MODEL})) -> Backend:
+    return Backend(f"http://eagle-{i}:8000", "eagle3", Role.LATENCY, models)
+
+
+def thr(i: int, models: frozenset[str] = frozenset({MODEL})) -> Backend:
+    return Backend(f"http://awq-{i}:8000", "awq", Role.THROUGHPUT, models)
+
+
+L0, L1 = lat(0), lat(1)
+T0, T1, T2, T3, T4 = (thr(i) for i in range(5))
+T_OTHER = thr(9, frozenset({OTHER}))
+
+
+def load(
+    running: int = 0,
+    waiting: int = 0,
+    *,
+    inflight: int = 0,
+    healthy: bool = True,
+    stale: bool = False,
+) -> BackendLoad:
+    return BackendLoad(
+        running=running,
+        waiting=waiting,
+        kv_usage=0.0,
+        inflight=inflight,
+        healthy=healthy,
+        stale=stale,
+    )
+
+
+def snap(*pairs: tuple[Backend, BackendLoad | None]) -> LoadSnapshot:
+    """Backends in configuration order; None leaves the backend out of the loads map."""
+    return LoadSnapshot(
+        backends=tuple(b for b, _ in pairs),
+        loads={b.url: ld for b, ld in pairs if ld is not None},
+        taken_at=1000.0,
+    )
+
+
+def urls(d: Decision) -> list[str]:
+    return [b.url for b in d.candidates]
+
+
+def names(*backends: Backend) -> list[str]:
+    return [b.url for b in backends]
+
+
+OPEN = RouterState(latency_open=True)
+CLOSED = RouterState(latency_open=False)
+P = PolicyParams()  # cap 16, hysteresis 2, hard cap 24, max_waiting 8, p2c from 4
+
+
+@dataclass(frozen=True)
+class Case:
+    snapshot: LoadSnapshot
+    expected: list[Backend]
+    reason: Reason
+    state: RouterState = OPEN
+    next_state: RouterState | None = None  # None: unchanged
+    req: RouteRequest = field(default_factory=lambda: RouteRequest(MODEL))
+    params: PolicyParams = P
+
+
+# Throughput pool of three (below p2c_min_pool), loads 3/1/2 so order is T1, T2, T0.
+POOL = ((T0, load(3)), (T1, load(1)), (T2, load(2)))
+SATURATED_POOL = ((T0, load(1, 9)), (T1, load(2, 10)), (T2, load(1, 12)))  # loads 10 < 12 < 13
+
+GOLDEN_CASES = {
+    "below-cap-latency-first": Case(
+        snap((L0, load(5)), *POOL), [L0, T1, T2, T0], Reason.GOLDEN_RANGE
+    ),
+    "just-below-cap": Case(snap((L0, load(10, 5)), *POOL), [L0, T1, T2, T0], Reason.GOLDEN_RANGE),
+    "at-cap-closes": Case(
+        snap((L0, load(16)), *POOL), [T1, T2, T0, L0], Reason.LATENCY_FULL, OPEN, CLOSED
+    ),
+    "above-cap-closes-on-inflight": Case(
+        snap((L0, load(4, inflight=17)), *POOL), [T1, T2, T0, L0], Reason.LATENCY_FULL, OPEN, CLOSED
+    ),
+    "closed-stays-closed-below-cap": Case(
+        snap((L0, load(15)), *POOL), [T1, T2, T0, L0], Reason.HYSTERESIS, CLOSED
+    ),
+    "closed-at-reopen-boundary": Case(
+        snap((L0, load(14)), *POOL), [T1, T2, T0, L0], Reason.HYSTERESIS, CLOSED
+    ),
+    "closed-reopens-below-cap-minus-hysteresis": Case(
+        snap((L0, load(13)), *POOL), [L0, T1, T2, T0], Reason.GOLDEN_RANGE, CLOSED, OPEN
+    ),
+    "no-hysteresis-reopens-just-below-cap": Case(
+        snap((L0, load(15)), *POOL),
+        [L0, T1, T2, T0],
+        Reason.GOLDEN_RANGE,
+        CLOSED,
+        OPEN,
+        params=PolicyParams(hysteresis=0),
+    ),
+    "second-latency-backend-adds-room": Case(
+        snap((L0, load(16)), (L1, load(3)), *POOL), [L1, L0, T1, T2, T0], Reason.GOLDEN_RANGE
+    ),
+    "pinned-latency-over-cap": Case(
+        snap((L0, load(20)), *POOL),
+        [L0],
+        Reason.PINNED,
+        OPEN,
+        CLOSED,  # the pin does not stop the state from tracking the tier's level
+        req=RouteRequest(MODEL, pinned=Role.LATENCY),
+    ),
+    "pinned-latency-past-hard-cap-is-saturated": Case(
+        snap((L0, load(30)), *POOL),
+        [L0],
+        Reason.SATURATED,
+        CLOSED,
+        req=RouteRequest(MODEL, pinned=Role.LATENCY),
+    ),
+    "pinned-throughput-while-latency-idle": Case(
+        snap((L0, load(0)), *POOL),
+        [T1, T2, T0],
+        Reason.PINNED,
+        req=RouteRequest(MODEL, pinned=Role.THROUGHPUT),
+    ),
+    "pinned-throughput-all-queued-is-saturated": Case(
+        snap((L0, load(0)), *SATURATED_POOL),
+        [T0, T1, T2],
+        Reason.SATURATED,
+        req=RouteRequest(MODEL, pinned=Role.THROUGHPUT),
+    ),
+    "pinned-tier-absent-no-failover": Case(
+        snap(*POOL), [], Reason.NO_BACKEND, req=RouteRequest(MODEL, pinned=Role.LATENCY)
+    ),
+    "overflow-when-pool-saturated": Case(
+        snap((L0, load(18)), *SATURATED_POOL), [L0, T0, T1, T2], Reason.OVERFLOW, CLOSED
+    ),
+    "overflow-up-to-hard-cap": Case(
+        snap((L0, load(23)), *SATURATED_POOL), [L0, T0, T1, T2], Reason.OVERFLOW, OPEN, CLOSED
+    ),
+    "everything-saturated": Case(
+        snap((L0, load(24)), *SATURATED_POOL), [T0, T1, T2, L0], Reason.SATURATED, CLOSED
+    ),
+    "waiting-equal-to-max-is-not-saturated": Case(
+        snap((L0, load(20)), (T0, load(0, 8)), (T1, load(1, 9))),
+        [T0, T1, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
+    "queued-backend-ranks-after-one-with-room": Case(
+        # T0 has the lower running+waiting but a queue past max_waiting: it cannot batch more.
+        snap((L0, load(16)), (T0, load(0, 9)), (T1, load(12))),
+        [T1, T0, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
+    "stale-queue-does-not-saturate": Case(
+        snap((L0, load(18)), (T0, load(1, 9)), (T1, load(40, 30, inflight=5, stale=True))),
+        [T1, T0, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
+    "latency-only-deployment-overflows": Case(snap((L0, load(17))), [L0], Reason.OVERFLOW, CLOSED),
+    "latency-only-deployment-saturated": Case(snap((L0, load(24))), [L0], Reason.SATURATED, CLOSED),
+    "unhealthy-latency-skipped": Case(
+        snap((L0, load(0, healthy=False)), *POOL), [T1, T2, T0], Reason.NO_LATENCY, CLOSED
+    ),
+    "unhealthy-throughput-skipped": Case(
+        snap((L0, load(0)), (T0, load(3)), (T1, load(1, healthy=False)), (T2, load(2))),
+        [L0, T2, T0],
+        Reason.GOLDEN_RANGE,
+    ),
+    "stale-throughput-uses-inflight": Case(
+        snap((L0, load(16)), (T0, load(50, inflight=0, stale=True)), (T1, load(1)), (T2, load(2))),
+        [T0, T1, T2, L0],
+        Reason.LATENCY_FULL,
+        OPEN,
+        CLOSED,
+    ),
+    "fresh-scrape-lagging-inflight-wins": Case(
+        snap((L0, load(16)), (T0, load(0, inflight=7)), (T1, load(3)), (T2, load(5))),
+        [T1, T2, T0, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
+    "stale-latency-uses-inflight": Case(
+        snap((L0, load(30, 5, inflight=2, stale=True)), *POOL),
+        [L0, T1, T2, T0],
+        Reason.GOLDEN_RANGE,
+        CLOSED,
+        OPEN,
+    ),
+    "unscraped-backend-counts-as-idle": Case(
+        snap((L0, load(16)), (T0, load(3)), (T1, None)), [T1, T0, L0], Reason.LATENCY_FULL, CLOSED
+    ),
+    "exclude-latency": Case(
+        snap((L0, load(0)), *POOL),
+        [T1, T2, T0],
+        Reason.NO_LATENCY,
+        req=RouteRequest(MODEL, exclude=frozenset({L0.url})),
+    ),
+    "exclude-throughput": Case(
+        snap((L0, load(0)), *POOL),
+        [L0, T2, T0],
+        Reason.GOLDEN_RANGE,
+        req=RouteRequest(MODEL, exclude=frozenset({T1.url})),
+    ),
+    "model-filter": Case(
+        snap((L0, load(0)), (T_OTHER, load(0)), *POOL), [L0, T1, T2, T0], Reason.GOLDEN_RANGE
+    ),
+    "other-model-only-its-backends": Case(
+        snap((L0, load(0)), (T_OTHER, load(5)), *POOL),
+        [T_OTHER],
+        Reason.NO_LATENCY,
+        req=RouteRequest(OTHER),
+    ),
+    "unknown-model-no-backend": Case(
+        snap((L0, load(0)), *POOL), [], Reason.NO_BACKEND, req=RouteRequest("gpt-4")
+    ),
+    "all-unhealthy-no-backend": Case(
+        snap((L0, load(healthy=False)), (T0, load(healthy=False))), [], Reason.NO_BACKEND
+    ),
+    "empty-snapshot-no-backend": Case(snap(), [], Reason.NO_BACKEND, CLOSED),
+    "duplicate-url-listed-once": Case(
+        snap((L0, load(0)), (T0, load(1)), (T0, load(1))), [L0, T0], Reason.GOLDEN_RANGE
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES.values(), ids=GOLDEN_CASES.keys())
+def test_golden_range(case: Case) -> None:
+    d = golden_range(case.req, case.snapshot, case.state, case.params, random.Random(0))
+    assert urls(d) == names(*case.expected)
+    assert d.reason == case.reason
+    assert d.policy == "golden-range"
+    assert d.state == (case.next_state or case.state)
+
+
+def test_golden_range_hysteresis_walk() -> None:
+    """The latency tier's level rises through the cap and falls back: no flapping at 15/16."""
+    state = OPEN
+    seen = []
+    for level in [14, 15, 16, 15, 16, 15, 14, 13, 14, 15, 16]:
+        d = golden_range(
+            RouteRequest(MODEL), snap((L0, load(level)), *POOL), state, P, random.Random(1)
+        )
+        assert d.primary is not None
+        seen.append(d.primary.role)
+        state = d.state
+    lat_, thr_ = Role.LATENCY, Role.THROUGHPUT
+    assert seen == [lat_, lat_, thr_, thr_, thr_, thr_, thr_, lat_, lat_, lat_, thr_]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_p2c_primary_is_the_lighter_of_two_sampled(seed: int) -> None:
+    pool = [T0, T1, T2, T3, T4]
+    loads = [4, 0, 3, 1, 2]
+    s = snap((L0, load(16)), *((b, load(n)) for b, n in zip(pool, loads, strict=True)))
+    d = golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(seed))
+    # Same seed, same draw: the policy's first use of the rng is the two-choice sample.
+    a, b = random.Random(seed).sample(pool, 2)
+    expected = b if loads[pool.index(b)] < loads[pool.index(a)] else a
+    assert d.primary == expected
+    assert d.reason == Reason.LATENCY_FULL
+    # failover: the rest of the pool by load, then the latency tier
+    rest = sorted((x for x in pool if x != expected), key=lambda x: loads[pool.index(x)])
+    assert urls(d) == names(expected, *rest, L0)
+
+
+def test_p2c_spreads_load_but_never_picks_the_busiest() -> None:
+    pool = [T0, T1, T2, T3, T4]
+    s = snap(*((b, load(n)) for b, n in zip(pool, [0, 1, 2, 3, 4], strict=True)))
+    picks = Counter(
+        golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(seed)).primary
+        for seed in range(400)
+    )
+    assert T4 not in picks  # the busiest loses every pairing
+    assert set(picks) == {T0, T1, T2, T3}  # not plain least-loaded
+    assert picks[T0] > picks[T1] > picks[T2] > picks[T3]  # 4/10, 3/10, 2/10, 1/10 of draws
+
+
+def test_p2c_only_among_backends_with_room() -> None:
+    pool = [T0, T1, T2, T3, T4]
+    loads = [load(0, 9), load(5), load(6), load(7), load(8)]  # T0 queued past max_waiting
+    s = snap(*zip(pool, loads, strict=True))
+    for seed in range(100):
+        d = golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(seed))
+        assert d.candidates[-1] == T0
+
+
+def test_small_pool_is_plain_least_loaded() -> None:
+    s = snap((T0, load(3)), (T1, load(1)), (T2, load(2)))
+    assert {
+        golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(k)).primary for k in range(50)
+    } == {T1}
+
+
+def test_ties_broken_by_rng_not_config_order() -> None:
+    s = snap((L0, load(16)), (T0, load(2)), (T1, load(2)), (T2, load(2)))
+    orders = {
+        tuple(urls(golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(k))))
+        for k in range(60)
+    }
+    assert len(orders) == 6  # every permutation of the three tied backends shows up
+    assert all(o[-1] == L0.url for o in orders)
+
+
+def test_same_seed_same_decision_and_inputs_untouched() -> None:
+    loads = {L0.url: load(16), T0.url: load(1), T1.url: load(1), T2.url: load(1), T3.url: load(1)}
+    s = LoadSnapshot(backends=(L0, T0, T1, T2, T3), loads=loads, taken_at=5.0)
+    req = RouteRequest(MODEL)
+    first = golden_range(req, s, OPEN, P, random.Random(42))
+    loads[T0.url] = load(99)  # the snapshot copied the mapping: this changes nothing
+    assert golden_range(req, s, OPEN, P, random.Random(42)) == first
+    assert s.load(T0.url) == load(1)
+    assert s.taken_at == 5.0
+
+
+# Comparison policies. Fixture: L0 at 10, T0..T2 at 3/1/2: least-loaded mixes tiers.
+MIXED = snap((L0, load(10)), *POOL)
+
+COMPARISON_CASES = {
+    "least-loaded-mixes-tiers": (
+        "least-loaded",
+        MIXED,
+        RouteRequest(MODEL),
+        [T1, T2, T0, L0],
+        Reason.LEAST_LOADED,
+    ),
+    "least-loaded-latency-when-lightest": (
+        "least-loaded",
+        snap((L0, load(0)), *POOL),
+        RouteRequest(MODEL),
+        [L0, T1, T2, T0],
+        Reason.LEAST_LOADED,
+    ),
+    "least-loaded-pinned": (
+        "least-loaded",
+        MIXED,
+        RouteRequest(MODEL, pinned=Role.LATENCY),
+        [L0],
+        Reason.PINNED,
+    ),
+    "least-loaded-saturated": (
+        "least-loaded",
+        snap((L0, load(30)), *SATURATED_POOL),
+        RouteRequest(MODEL),
+        [T0, T1, T2, L0],
+        Reason.SATURATED,
+    ),
+    "round-robin-starts-at-config-order": (
+        "round-robin",
+        MIXED,
+        RouteRequest(MODEL),
+        [L0, T0, T1, T2],
+        Reason.ROUND_ROBIN,
+    ),
+    "round-robin-skips-excluded": (
+        "round-robin",
+        MIXED,
+        RouteRequest(MODEL, exclude=frozenset({L0.url})),
+        [T0, T1, T2],
+        Reason.ROUND_ROBIN,
+    ),
+    "latency-only-even-when-busy": (
+        "latency-only",
+        MIXED,
+        RouteRequest(MODEL),
+        [L0, T1, T2, T0],
+        Reason.PREFERRED_TIER,
+    ),
+    "latency-only-falls-back": (
+        "latency-only",
+        snap((L0, load(healthy=False)), *POOL),
+        RouteRequest(MODEL),
+        [T1, T2, T0],
+        Reason.FALLBACK_TIER,
+    ),
+    "throughput-only-latency-last": (
+        "throughput-only",
+        snap((L0, load(0)), *POOL),
+        RouteRequest(MODEL),
+        [T1, T2, T0, L0],
+        Reason.PREFERRED_TIER,
+    ),
+    "throughput-only-falls-back": (
+        "throughput-only",
+        snap((L0, load(0)), (T0, load(healthy=False))),
+        RouteRequest(MODEL),
+        [L0],
+        Reason.FALLBACK_TIER,
+    ),
+    "throughput-only-pinned-latency": (
+        "throughput-only",
+        MIXED,
+        RouteRequest(MODEL, pinned=Role.LATENCY),
+        [L0],
+        Reason.PINNED,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("policy", "snapshot", "req", "expected", "reason"),
+    COMPARISON_CASES.values(),
+    ids=COMPARISON_CASES.keys(),
+)
+def test_comparison_policies(
+    policy: str, snapshot: LoadSnapshot, req: RouteRequest, expected: list[Backend], reason: Reason
+) -> None:
+    d = POLICIES[policy](req, snapshot, OPEN, P, random.Random(0))
+    assert urls(d) == names(*expected)
+    assert d.reason == reason
+    assert d.policy == policy
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_no_backend(policy: str) -> None:
+    d = POLICIES[policy](RouteRequest("unknown"), MIXED, OPEN, P, random.Random(0))
+    assert d.candidates == ()
+    assert d.primary is None
+    assert d.reason == Reason.NO_BACKEND
+
+
+def test_round_robin_rotates_through_state() -> None:
+    state = RouterState()
+    primaries = []
+    for _ in range(6):
+        d = POLICIES["round-robin"](RouteRequest(MODEL), MIXED, state, P, random.Random(0))
+        assert d.primary is not None
+        primaries.append(d.primary)
+        # the whole rotation is the failover order
+        start = [L0, T0, T1, T2].index(d.primary)
+        assert list(d.candidates) == ([L0, T0, T1, T2] * 2)[start : start + 4]
+        state = d.state
+    assert primaries == [L0, T0, T1, T2, L0, T0]
+    assert state.latency_open  # round-robin leaves the hysteresis state alone
+
+
+def test_round_robin_ignores_load() -> None:
+    s = snap((T0, load(100)), (T1, load(0)))
+    d = POLICIES["round-robin"](RouteRequest(MODEL), s, RouterState(rr=0), P, random.Random(0))
+    assert d.primary == T0
+
+
+def test_registry() -> None:
+    assert set(POLICIES) == {
+        "golden-range",
+        "least-loaded",
+        "round-robin",
+        "latency-only",
+        "throughput-only",
+    }
+    assert get_policy(DEFAULT_POLICY) is golden_range
+    with pytest.raises(KeyError, match="golden-range"):
+        get_policy("random")
+    with pytest.raises(TypeError):
+        POLICIES["mine"] = golden_range  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("bl", "effective"),
+    [
+        pytest.param(load(3, 2, inflight=4), 5, id="scrape-above-inflight"),
+        pytest.param(load(3, 2, inflight=9), 9, id="inflight-above-scrape"),
+        pytest.param(load(30, 20, inflight=4, stale=True), 4, id="stale-inflight-only"),
+        pytest.param(BackendLoad(), 0, id="defaults"),
+    ],
+)
+def test_effective_load(bl: BackendLoad, effective: int) -> None:
+    assert bl.effective == effective
+
+
+def test_missing_load_is_healthy_idle_stale() -> None:
+    s = snap((T0, None))
+    assert s.load(T0.url) == BackendLoad(healthy=True, stale=True)
+    assert s.load("http://nowhere").effective == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"latency_max_concurrency": 0}, id="cap-zero"),
+        pytest.param({"hysteresis": 16}, id="hysteresis-not-below-cap"),
+        pytest.param({"hysteresis": -1}, id="negative-hysteresis"),
+        pytest.param({"latency_hard_cap": 15}, id="hard-cap-below-cap"),
+        pytest.param({"max_waiting": -1}, id="negative-max-waiting"),
+        pytest.param({"p2c_min_pool": 1}, id="p2c-pool-of-one"),
+    ],
+)
+def test_policy_params_rejects(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
+        PolicyParams(**kwargs)
+
+
+def test_values_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        P.hysteresis = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        MIXED.loads[T0.url] = load()  # type: ignore[index]
+    assert Role("latency") is Role.LATENCY
+    assert str(Reason.GOLDEN_RANGE) == "golden_range"
+
+
+def _random_scenario(
+    rng: random.Random,
+) -> tuple[RouteRequest, LoadSnapshot, RouterState, PolicyParams]:
+    backends: list[Backend] = []
+    for i in range(rng.randint(0, 9)):
+        if backends and rng.random() < 0.1:
+            backends.append(rng.choice(backends))  # the same backend listed twice
+            continue
+        models = frozenset(m for m in (MODEL, OTHER) if rng.random() < 0.7)
+        role = rng.choice(list(Role))
+        backends.append(Backend(f"http://b{i}:8000", role.value, role, models))
+    loads = {
+        b.url: BackendLoad(
+            running=rng.randint(0, 40),
+            waiting=rng.randint(0, 15),
+            kv_usage=rng.random(),
+            inflight=rng.randint(0, 40),
+            healthy=rng.random() < 0.8,
+            stale=rng.random() < 0.2,
+        )
+        for b in backends
+        if rng.random() < 0.9
+    }
+    exclude = frozenset(b.url for b in backends if rng.random() < 0.2)
+    req = RouteRequest(
+        model=rng.choice([MODEL, MODEL, OTHER, "absent"]),
+        pinned=rng.choice([None, None, Role.LATENCY, Role.THROUGHPUT]),
+        stream=rng.random() < 0.5,
+        exclude=exclude,
+    )
+    cap = rng.randint(1, 20)
+    params = PolicyParams(
+        latency_max_concurrency=cap,
+        hysteresis=rng.randint(0, cap - 1),
+        latency_hard_cap=cap + rng.randint(0, 10),
+        max_waiting=rng.randint(0, 12),
+        p2c_min_pool=rng.randint(2, 5),
+    )
+    state = RouterState(latency_open=rng.random() < 0.5, rr=rng.randint(0, 10))
+    return req, LoadSnapshot(tuple(backends), loads, 0.0), state, params
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_property_candidates_are_exactly_the_eligible_backends(policy: str) -> None:
+    """hypothesis is not a project dependency, so: 1,500 seeded random scenarios per policy."""
+    gen = random.Random(f"routing-{policy}")
+    for _ in range(1500):
+        req, s, state, params = _random_scenario(gen)
+        d = POLICIES[policy](req, s, state, params, random.Random(gen.random()))
+        got = urls(d)
+        assert len(got) == len(set(got)), "a backend repeats"
+        for b in d.candidates:
+            assert s.load(b.url).healthy, "unhealthy backend listed"
+            assert b.url not in req.exclude, "excluded backend listed"
+            assert req.model in b.models, "backend of another model listed"
+            assert req.pinned is None or b.role is req.pinned, "pin ignored"
+        # and nothing eligible is left out: the failover order is complete
+        eligible = {
+            b.url
+            for b in s.backends
+            if s.load(b.url).healthy
+            and b.url not in req.exclude
+            and req.model in b.models
+            and (req.pinned is None or b.role is req.pinned)
+        }
+        assert set(got) == eligible
+        assert (d.reason == Reason.NO_BACKEND) == (not got)
+        assert d.reason in set(Reason)
+        if d.reason in (Reason.GOLDEN_RANGE, Reason.OVERFLOW):
+            assert d.candidates[0].role is Role.LATENCY
+        if d.reason in (Reason.LATENCY_FULL, Reason.HYSTERESIS, Reason.NO_LATENCY):
+            assert d.candidates[0].role is Role.THROUGHPUT
