@@ -61,6 +61,8 @@ class EngineStats:
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
     success_total: float = 0.0
+    # Progress counter: flat while requests are running means a stalled engine.
+    generation_tokens: float | None = None
 
     @property
     def spec_acceptance_rate(self) -> float | None:
@@ -94,6 +96,7 @@ _VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
 _VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 _VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _VLLM_SUCCESS = "vllm:request_success_total"
+_VLLM_GENERATION = "vllm:generation_tokens_total"
 
 _TRITON_PENDING = "nv_inference_pending_request_count"
 _TRITON_SUCCESS = "nv_inference_request_success"
@@ -108,6 +111,7 @@ _VLLM_WANTED = frozenset(
         _VLLM_DRAFT_TOKENS,
         _VLLM_ACCEPTED,
         _VLLM_SUCCESS,
+        _VLLM_GENERATION,
     }
 )
 # The Triton vLLM backend re-exports some vllm: series labelled `model`; KV usage is the only
@@ -168,6 +172,7 @@ class _Acc:
         "accepted",
         "draft_tokens",
         "drafts",
+        "generation",
         "kv",
         "kv_old",
         "running",
@@ -184,6 +189,7 @@ class _Acc:
         self.drafts: float | None = None
         self.draft_tokens: float | None = None
         self.accepted: float | None = None
+        self.generation: float | None = None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -194,6 +200,7 @@ class _Acc:
             spec_draft_tokens=self.draft_tokens,
             spec_accepted_tokens=self.accepted,
             success_total=self.success,
+            generation_tokens=self.generation,
         )
 
 
@@ -235,6 +242,8 @@ def _collect(text: str, wanted: frozenset[str], model_label: str) -> dict[str, _
             acc.draft_tokens = _add(acc.draft_tokens, value)
         elif name == _VLLM_ACCEPTED:
             acc.accepted = _add(acc.accepted, value)
+        elif name == _VLLM_GENERATION:
+            acc.generation = _add(acc.generation, value)
     return accs
 
 

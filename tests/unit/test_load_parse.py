@@ -235,6 +235,7 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 spec_draft_tokens=5000,
                 spec_accepted_tokens=2100,
                 success_total=143,
+                generation_tokens=256_000,
             ),
             id="one-engine-eagle",
         ),
@@ -250,6 +251,7 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 spec_draft_tokens=80,
                 spec_accepted_tokens=29,
                 success_total=14,
+                generation_tokens=512_000,
             ),
             id="two-engines-summed-kv-fullest",
         ),
@@ -257,7 +259,9 @@ def test_realistic_page_is_at_least_20_kb() -> None:
             ONE_ENGINE,
             "vllm:gpu_cache_usage_perc",
             False,
-            EngineStats(running=7, waiting=2, kv_usage=0.375, success_total=143),
+            EngineStats(
+                running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000
+            ),
             id="old-kv-name-no-spec",
         ),
     ],

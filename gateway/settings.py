@@ -1,0 +1,380 @@
+"""Gateway configuration: a YAML tiers file, overridden by ``TIERGATE_*`` environment variables,
+overridden by explicit arguments. ``load_settings`` is the one entry point that turns any invalid
+input into a ``ConfigError`` naming the field and the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    YamlConfigSettingsSource,
+)
+
+__all__ = [
+    "BackendConfig",
+    "ConfigError",
+    "MonitorConfig",
+    "PolicyConfig",
+    "RetryConfig",
+    "Settings",
+    "TierConfig",
+    "load_settings",
+]
+
+ENV_PREFIX = "TIERGATE_"
+CONFIG_ENV_VAR = f"{ENV_PREFIX}CONFIG"
+
+PolicyName = Literal[
+    "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
+]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+# Tier names end up as Prometheus label values and in response headers: keep them plain.
+TierName = Annotated[
+    str, StringConstraints(strip_whitespace=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+]
+
+
+class ConfigError(Exception):
+    """Invalid configuration. The message lists every problem as ``field.path: reason``."""
+
+    def __init__(self, message: str, *, file: Path | None = None, problems: Sequence[str] = ()):
+        super().__init__(message)
+        self.file = file
+        self.problems = tuple(problems)
+
+
+class _FieldError(ValueError):
+    """Raised by model-level validators so the report names the offending field, not the model."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+class _Model(BaseModel):
+    # Frozen: settings are shared by every request; forbid extras: a typo in YAML must not pass.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BackendConfig(_Model):
+    url: str
+    api_key: SecretStr | None = None
+    models: list[NonEmptyStr] = Field(min_length=1)
+    kind: Literal["vllm", "triton"] = "vllm"
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            parts = urlsplit(value)
+            port = parts.port  # raises ValueError on a malformed or out-of-range port
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL ({exc})") from None
+        if parts.scheme.lower() not in ("http", "https"):
+            raise ValueError("must be an http:// or https:// URL")
+        if not parts.hostname:
+            raise ValueError("must include a host")
+        if port == 0:
+            raise ValueError("port must be between 1 and 65535")
+        # Credentials in a URL end up in logs and metric labels; api_key is the place for them.
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not contain credentials; use api_key")
+        if parts.query or parts.fragment:
+            raise ValueError("must be a base URL without query or fragment")
+        return value.rstrip("/")
+
+
+class TierConfig(_Model):
+    name: TierName
+    role: Literal["latency", "throughput"]
+    backends: list[BackendConfig] = Field(min_length=1)
+
+
+class PolicyConfig(_Model):
+    name: PolicyName = "golden-range"
+    latency_max_concurrency: int = Field(default=16, gt=0)
+    # 0 disables hysteresis: the latency tier flips exactly at latency_max_concurrency.
+    hysteresis: int = Field(default=2, ge=0)
+    latency_hard_cap: int = Field(default=24, gt=0)
+    # 0 is meaningful: any queued request marks a throughput backend saturated.
+    max_waiting: int = Field(default=8, ge=0)
+    # Power of two choices only pays off with several backends; below this, scan them all.
+    p2c_min_pool: int = Field(default=4, ge=2)
+    # 0 answers 429 at once instead of queueing when everything is saturated.
+    queue_deadline_s: float = Field(default=5.0, ge=0)
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Self:
+        if self.latency_hard_cap < self.latency_max_concurrency:
+            raise _FieldError(
+                "latency_hard_cap",
+                f"must be >= latency_max_concurrency ({self.latency_max_concurrency}),"
+                f" got {self.latency_hard_cap}",
+            )
+        if self.hysteresis >= self.latency_max_concurrency:
+            raise _FieldError(
+                "hysteresis",
+                f"must be < latency_max_concurrency ({self.latency_max_concurrency}),"
+                f" got {self.hysteresis}",
+            )
+        return self
+
+
+class RetryConfig(_Model):
+    max_attempts: int = Field(default=3, ge=1)
+    backoff_initial_s: float = Field(default=0.05, gt=0)
+    backoff_max_s: float = Field(default=1.0, gt=0)
+    deadline_s: float = Field(default=30.0, gt=0)
+    budget_ratio: float = Field(default=0.2, ge=0)
+    budget_min_per_s: float = Field(default=10, ge=0)
+    # Backend answers that mean "try elsewhere" (before the first byte only).
+    retry_statuses: list[int] = Field(default=[429, 502, 503, 504])
+    # Longest wait for a stream's first body bytes (its TTFT, queueing included) before the
+    # attempt counts as failed and the next candidate is tried.
+    first_byte_timeout_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Self:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise _FieldError(
+                "backoff_max_s",
+                f"must be >= backoff_initial_s ({self.backoff_initial_s}),"
+                f" got {self.backoff_max_s}",
+            )
+        return self
+
+
+class MonitorConfig(_Model):
+    scrape_interval_s: float = Field(default=0.25, gt=0)
+    scrape_timeout_s: float = Field(default=1.0, gt=0)
+    eject_after_failures: int = Field(default=3, ge=1)
+    probe_interval_s: float = Field(default=2.0, gt=0)
+    # A backend with work whose generated-token counter stays flat this long is ejected.
+    stall_after_s: float = Field(default=3.0, gt=0)
+
+
+def _split_keys(value: Any) -> Any:
+    """Accept ``TIERGATE_API_KEYS`` as a JSON list or as comma-separated keys."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            # Never echo the text: it holds secrets.
+            raise ValueError("looks like a JSON list but does not parse") from None
+    return [key.strip() for key in text.split(",") if key.strip()]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=0, le=65535)
+    config: Path | None = None
+    tiers: list[TierConfig] = []
+    policy: PolicyConfig = PolicyConfig()
+    retry: RetryConfig = RetryConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    # Hidden from repr: a Redis URL may carry a password.
+    redis_url: str | None = Field(default=None, repr=False)
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    api_keys: Annotated[list[SecretStr], NoDecode] = []
+    log_level: LogLevel = "info"
+    log_json: bool = False
+    request_timeout_s: float = Field(default=600, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_api_keys(cls, value: Any) -> Any:
+        return _split_keys(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        scheme = urlsplit(value.strip()).scheme.lower()
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value.strip()
+
+    @field_validator("tiers")
+    @classmethod
+    def _check_tiers_unique(cls, tiers: list[TierConfig]) -> list[TierConfig]:
+        seen_names: set[str] = set()
+        seen_urls: dict[str, str] = {}
+        for tier in tiers:
+            if tier.name in seen_names:
+                raise ValueError(f"tier name {tier.name!r} is used more than once")
+            seen_names.add(tier.name)
+            for backend in tier.backends:
+                key = backend.url.lower()
+                if key in seen_urls:
+                    raise ValueError(
+                        f"backend URL {backend.url} appears in tier {seen_urls[key]!r}"
+                        f" and in tier {tier.name!r}"
+                    )
+                seen_urls[key] = tier.name
+        return tiers
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file is chosen at run time: an explicit ``config=`` argument, else TIERGATE_CONFIG.
+        path: Any = None
+        if isinstance(init_settings, InitSettingsSource):
+            path = init_settings.init_kwargs.get("config")
+        if path is None:
+            path = os.environ.get(CONFIG_ENV_VAR) or None
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path is not None:
+            sources.append(_YamlFileSource(settings_cls, Path(path)))
+        return tuple(sources)
+
+
+class _YamlLoadError(ConfigError):
+    """The YAML file itself is unusable; a ConfigError so direct ``Settings()`` users see one."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"config file {path}: {reason}", file=path, problems=[f"config: {reason}"])
+        self.reason = reason
+
+
+class _YamlFileSource(YamlConfigSettingsSource):
+    """The stock YAML source, made strict: a missing file, bad YAML or a non-mapping is an error
+    (the stock source silently skips a missing file)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path):
+        if not path.is_file():
+            reason = "file not found" if not path.exists() else "not a regular file"
+            raise _YamlLoadError(path, reason)
+        super().__init__(settings_cls, yaml_file=path)
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        try:
+            with file_path.open(encoding="utf-8") as handle:
+                data = yaml.safe_load(handle)
+        except yaml.YAMLError as exc:
+            raise _YamlLoadError(file_path, f"invalid YAML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _YamlLoadError(file_path, f"cannot read: {exc}") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            reason = f"top level must be a mapping, got {type(data).__name__}"
+            raise _YamlLoadError(file_path, reason)
+        return data
+
+
+def _format_loc(loc: Sequence[int | str]) -> str:
+    return ".".join(str(part) for part in loc) or "(settings)"
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        loc = list(error["loc"])
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, _FieldError):
+            problems.append(f"{_format_loc([*loc, cause.field])}: {cause.reason}")
+            continue
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{_format_loc(loc)}: {message}")
+    return problems
+
+
+def _check_serving(settings: Settings) -> list[str]:
+    """Rules that only apply to a gateway about to serve; ``Settings()`` alone may lack tiers."""
+    if not settings.tiers:
+        return [
+            "tiers: at least one tier is required (in the config file or TIERGATE_TIERS)",
+        ]
+    roles = {tier.role for tier in settings.tiers}
+    if settings.policy.name == "latency-only" and "latency" not in roles:
+        return ["policy.name: 'latency-only' needs a tier with role latency"]
+    if settings.policy.name == "throughput-only" and "throughput" not in roles:
+        return ["policy.name: 'throughput-only' needs a tier with role throughput"]
+    return []
+
+
+def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
+    """Build the gateway's settings.
+
+    Precedence, highest first: ``overrides``, ``TIERGATE_*`` environment variables, the YAML file
+    (``config_path``, else ``TIERGATE_CONFIG``), defaults. Raises ``ConfigError`` on any problem.
+    """
+    if config_path is not None:
+        overrides["config"] = Path(config_path)
+    file = overrides.get("config")
+    if file is None and os.environ.get(CONFIG_ENV_VAR):
+        file = os.environ[CONFIG_ENV_VAR]
+    file_path = Path(file) if file is not None else None
+    where = f"config file {file_path}" if file_path is not None else "no config file"
+
+    def fail(problems: list[str]) -> ConfigError:
+        lines = "\n".join(f"  {problem}" for problem in problems)
+        return ConfigError(
+            f"invalid configuration ({where}):\n{lines}", file=file_path, problems=problems
+        )
+
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise fail(_problems(exc)) from None
+    except _YamlLoadError as exc:
+        raise fail([f"config: {exc.reason}"]) from None
+    except SettingsError as exc:
+        # Raised when an environment variable holding a list or object is not valid JSON.
+        match = re.search(r'field "([^"]+)"', str(exc))
+        field = match.group(1) if match else "(environment)"
+        raise fail([f"{field}: cannot parse the environment variable's value as JSON"]) from None
+    problems = _check_serving(settings)
+    if problems:
+        raise fail(problems)
+    return settings
