@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -90,6 +91,175 @@ def sim(
         http="httptools",
         timeout_graceful_shutdown=1,
     )
+
+
+def _serve(settings: object, banner: Callable[[], None] | None = None) -> None:
+    """Run the gateway in the foreground; call `banner` once it answers /ready."""
+    import asyncio
+
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    assert isinstance(settings, Settings)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
+            await asyncio.sleep(0.05)
+        if banner is not None and server.started:
+            await asyncio.to_thread(_wait_ready, settings.port)
+            banner()
+        await task
+
+    asyncio.run(main())
+    if not server.started:
+        raise typer.Exit(1)
+
+
+def _wait_ready(port: int) -> None:
+    from engines.sim.launch import wait_http
+
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", timeout=10)
+    except TimeoutError:
+        logging.getLogger("tiergate").warning("gateway not ready yet: see /ready")
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML file with tiers and policy (TIERGATE_CONFIG).",
+            envvar="TIERGATE_CONFIG",
+        ),
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 0.0.0.0).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Logging level.")] = None,
+) -> None:
+    """Run the gateway alone, in front of the engines a config file names (real vLLM, Triton
+    or simulators). Environment variables TIERGATE_* override the file."""
+    from gateway.settings import ConfigError, load_settings
+    from gateway.telemetry import setup_logging
+
+    overrides = {
+        k: v
+        for k, v in {"host": host, "port": port, "log_level": log_level}.items()
+        if v is not None
+    }
+    try:
+        settings = load_settings(config, **overrides)
+    except ConfigError as e:
+        typer.echo(f"tiergate: invalid configuration: {e}", err=True)
+        raise typer.Exit(2) from None
+    setup_logging(settings.log_level, settings.log_json)
+    _serve(settings)
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
+    latency: Annotated[int, typer.Option(help="Latency-tier simulators (v4 profile).")] = 1,
+    throughput: Annotated[int, typer.Option(help="Throughput-pool simulators (v3).")] = 2,
+    latency_profile: Annotated[str, typer.Option(help="Profile of the latency tier.")] = "v4",
+    throughput_profile: Annotated[str, typer.Option(help="Profile of the throughput pool.")] = "v3",
+    sim_port: Annotated[int, typer.Option(help="First simulator port.")] = 8201,
+    policy: Annotated[str, typer.Option(help="Routing policy.")] = "golden-range",
+    speedup: Annotated[float, typer.Option(help="Run the simulators N times faster.")] = 1.0,
+    redis_url: Annotated[
+        str | None, typer.Option(envvar="TIERGATE_REDIS_URL", help="Share in-flight state.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Gateway logging level.")] = "info",
+    logs: Annotated[Path, typer.Option(help="Folder for the simulators' logs.")] = Path(
+        ".tiergate"
+    ),
+) -> None:
+    """Start the embedded stack: simulated engines (a latency tier and a throughput pool)
+    and the gateway in front of them. Ctrl-C stops everything."""
+    from rich.console import Console
+    from rich.panel import Panel
+
+    from engines.sim.launch import SimProcess
+    from engines.sim.profile import load_profile
+    from gateway.settings import ConfigError, load_settings
+    from gateway.telemetry import setup_logging
+
+    console = Console(stderr=True)
+    setup_logging(log_level, False)
+    logs.mkdir(parents=True, exist_ok=True)
+    model = load_profile(throughput_profile).model
+    extra = ["--speedup", str(speedup)] if speedup != 1 else []
+    plan = [("latency", latency_profile)] * latency + [
+        ("throughput", throughput_profile)
+    ] * throughput
+    sims: list[tuple[str, SimProcess]] = []
+    try:
+        with console.status("starting simulated engines..."):
+            for i, (role, prof) in enumerate(plan):
+                sim = SimProcess(
+                    prof,
+                    sim_port + i,
+                    ["--model", model, *extra],
+                    log=logs / f"sim-{sim_port + i}.log",
+                )
+                sims.append((role, sim.start()))
+        tiers = [
+            {
+                "name": role,
+                "role": role,
+                "backends": [{"url": s.url, "models": [model]} for r, s in sims if r == role],
+            }
+            for role in ("latency", "throughput")
+            if any(r == role for r, _ in sims)
+        ]
+        try:
+            settings = load_settings(
+                None,
+                tiers=tiers,
+                port=port,
+                log_level=log_level,
+                policy={"name": policy},
+                redis_url=redis_url,
+            )
+        except ConfigError as e:
+            typer.echo(f"tiergate: invalid configuration: {e}", err=True)
+            raise typer.Exit(2) from None
+
+        def banner() -> None:
+            lines = [f"[bold]gateway[/]    http://127.0.0.1:{port}/v1  (metrics: /metrics)"]
+            for role, s in sims:
+                lines.append(f"[bold]{role:<11}[/]{s.url}  ({s.profile})")
+            lines += [
+                "",
+                "try:",
+                f"  curl -s http://127.0.0.1:{port}/v1/completions \\",
+                "    -H 'Content-Type: application/json' \\",
+                f'    -d \'{{"model": "{model}", "prompt": "Hello", "max_tokens": 32}}\' -i',
+                "",
+                "Ctrl-C stops everything.",
+            ]
+            console.print(Panel("\n".join(lines), title="tiergate is up", expand=False))
+
+        _serve(settings, banner)
+    finally:
+        for _, s in sims:
+            s.stop()
 
 
 @bench.command("calibrate")

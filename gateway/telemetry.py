@@ -1,0 +1,250 @@
+"""The gateway's Prometheus metrics (prefix `tiergate_`) and its logging setup.
+
+One `Telemetry` per app, with its own registry. Label children used on the request path are
+cached, so recording a request costs dictionary lookups, not label resolution.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+)
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+)
+TPOT_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.0125,
+    0.015,
+    0.0175,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+)
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "tiergate_requests",
+            "Proxied requests by serving tier, backend and final status.",
+            ("tier", "backend", "model", "status"),
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tiergate_routing_decisions",
+            "Routing decisions by policy, reason and chosen tier.",
+            ("policy", "reason", "tier"),
+            registry=r,
+        )
+        self.retries = Counter(
+            "tiergate_retries",
+            "Attempts that failed before the first byte and were retried.",
+            ("backend", "reason"),
+            registry=r,
+        )
+        self.failovers = Counter(
+            "tiergate_failovers",
+            "Requests served by a different tier than first chosen.",
+            ("from_tier", "to_tier"),
+            registry=r,
+        )
+        self.rejected = Counter(
+            "tiergate_rejected",
+            "Requests answered by the gateway itself with an error.",
+            ("reason",),
+            registry=r,
+        )
+        self.midstream_errors = Counter(
+            "tiergate_midstream_errors",
+            "Streams that failed after the first byte.",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "tiergate_inflight",
+            "Requests in flight through this gateway, by backend.",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.queued = Gauge(
+            "tiergate_queued",
+            "Requests held at the gateway because every backend is saturated.",
+            registry=r,
+        )
+        self.backend_queue = Gauge(
+            "tiergate_backend_queue_depth",
+            "Scraped engine queue depth.",
+            ("tier", "backend", "state"),
+            registry=r,
+        )
+        self.backend_kv = Gauge(
+            "tiergate_backend_kv_usage",
+            "Scraped engine KV-cache usage (0..1).",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.backend_up = Gauge(
+            "tiergate_backend_up",
+            "1 while the backend is healthy and not ejected.",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.backend_scrape_age = Gauge(
+            "tiergate_backend_scrape_age_seconds",
+            "Age of the last good scrape.",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.backend_spec_acceptance = Gauge(
+            "tiergate_backend_spec_acceptance_rate",
+            "Speculative decoding draft acceptance rate (accepted / draft tokens), as scraped.",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.ejections = Counter(
+            "tiergate_backend_ejections",
+            "Times a backend was taken out of rotation.",
+            ("tier", "backend", "reason"),
+            registry=r,
+        )
+        self.state_up = Gauge(
+            "tiergate_state_store_up",
+            "1 while the shared in-flight store (Redis) is reachable.",
+            ("store",),
+            registry=r,
+        )
+        self.duration = Histogram(
+            "tiergate_request_duration_seconds",
+            "Request latency at the gateway, to last byte.",
+            ("tier", "model"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tiergate_ttft_seconds",
+            "Time to first token of streamed requests, at the gateway.",
+            ("tier", "model"),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "tiergate_tpot_seconds",
+            "Time per output token after the first, streamed requests.",
+            ("tier", "model"),
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "tiergate_output_tokens",
+            "Output tokens of streamed requests (from usage if sent).",
+            ("tier", "model"),
+            registry=r,
+        )
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """Cached `metric.labels(*labels)`."""
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        fields = getattr(record, "fields", None)
+        if fields:
+            base += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return base
+
+
+def setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if as_json
+        else KeyValueFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

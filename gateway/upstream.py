@@ -1,0 +1,369 @@
+"""Forwarding to the engines: one pooled aiohttp session, retries before the first byte only.
+
+The body goes upstream unchanged (vLLM's extra fields included) and the reply comes back
+unchanged: JSON in one piece, SSE chunk by chunk as the engine flushes it. Nothing is sent to the
+client until the chosen engine has produced its first body bytes, so until then any failure
+(connect error, 429/502/503/504, a timeout, or the backend being ejected by the monitor while we
+wait) is retried on the next candidate, with exponential backoff and jitter (tenacity), inside a
+total deadline and a retry budget. After the first byte a failure can only be reported: as an SSE
+`error` event followed by `[DONE]`, the way vLLM reports its own mid-stream errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from gateway.load.monitor import Monitor
+from gateway.routing import Backend
+from gateway.settings import RetryConfig
+from gateway.state import InflightStore
+from gateway.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+SSE_CONTENT_TYPE = "text/event-stream"
+
+
+class Retryable(Exception):
+    """An attempt failed before any byte reached the client; `reason` is a metric label."""
+
+    def __init__(
+        self,
+        reason: str,
+        status: int | None = None,
+        body: bytes = b"",
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason, self.status, self.body, self.headers = reason, status, body, headers or []
+
+
+class RetryBudget:
+    """Retries allowed: `ratio` of recent requests plus `min_per_s`, so that a failing backend
+    cannot multiply the load on the others (a token bucket refilled by requests and by time)."""
+
+    def __init__(self, ratio: float, min_per_s: float, clock: Callable[[], float]) -> None:
+        self.ratio, self.min_per_s, self.clock = ratio, min_per_s, clock
+        self.cap = max(10.0, min_per_s * 10)
+        self.tokens = self.cap
+        self.at = clock()
+
+    def on_request(self) -> None:
+        self.tokens = min(self.cap, self.tokens + self.ratio)
+
+    def try_spend(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.cap, self.tokens + (now - self.at) * self.min_per_s)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one proxied request, for telemetry and logs."""
+
+    backend: Backend | None = None
+    attempts: int = 0
+    status: int = 0
+    first_byte_at: float | None = None
+    first_text_at: float | None = None
+    last_text_at: float | None = None
+    output_tokens: int | None = None
+    text_events: int = 0
+    midstream_error: str | None = None
+    tried: list[str] = field(default_factory=list)
+
+
+def has_text(chunk: bytes) -> bool:
+    """Whether an SSE chunk carries generated text (completions `text` or chat `content`)."""
+    for key in (b'"text":"', b'"content":"'):
+        i = chunk.find(key)
+        while i != -1:
+            if chunk[i + len(key) : i + len(key) + 1] != b'"':
+                return True
+            i = chunk.find(key, i + 1)
+    return False
+
+
+def completion_tokens(chunk: bytes) -> int | None:
+    i = chunk.rfind(b'"completion_tokens":')
+    if i == -1:
+        return None
+    j = i + len(b'"completion_tokens":')
+    end = j
+    while end < len(chunk) and chunk[end : end + 1] in b" 0123456789":
+        end += 1
+    try:
+        return int(chunk[j:end])
+    except ValueError:
+        return None
+
+
+def error_event(message: str, code: int = 502) -> bytes:
+    err = {"error": {"message": message, "type": "BadGatewayError", "param": None, "code": code}}
+    return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+class Upstream:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        retry: RetryConfig,
+        monitor: Monitor,
+        store: InflightStore,
+        telemetry: Telemetry,
+        *,
+        request_timeout_s: float,
+        connect_timeout_s: float,
+        client_auth_passthrough: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session = session
+        self.retry = retry
+        self.monitor = monitor
+        self.store = store
+        self.telemetry = telemetry
+        self.passthrough_auth = client_auth_passthrough
+        self.clock = clock
+        self.budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_s, clock)
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=request_timeout_s
+        )
+        self.retry_statuses = frozenset(retry.retry_statuses)
+        # Attempts still waiting for their first byte, by backend: cancelled when it is ejected.
+        self._waiting: dict[str, set[asyncio.Task[Any]]] = {}
+        self._ejected_tasks: set[asyncio.Task[Any]] = set()
+        monitor.on_eject.append(self._cancel_waiting)
+
+    def _cancel_waiting(self, url: str) -> None:
+        for task in self._waiting.pop(url, ()):
+            self._ejected_tasks.add(task)
+            task.cancel()
+
+    def _headers(self, backend: Backend, client: dict[bytes, bytes]) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if rid := client.get(b"x-request-id"):
+            headers["X-Request-Id"] = rid.decode("latin-1")
+        key = self.monitor.status[backend.url].config.api_key
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+        elif self.passthrough_auth and (auth := client.get(b"authorization")):
+            headers["Authorization"] = auth.decode("latin-1")
+        return headers
+
+    async def forward(
+        self,
+        candidates: tuple[Backend, ...],
+        path: str,
+        body: bytes,
+        stream: bool,
+        client_headers: dict[bytes, bytes],
+        send: Send,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> Outcome:
+        """Send the request to the candidates in order until one answers; relay its reply."""
+        out = Outcome()
+        self.budget.on_request()
+        limit = min(self.retry.max_attempts, len(candidates))
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(limit) | stop_after_delay(self.retry.deadline_s),
+            wait=wait_exponential_jitter(
+                initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s
+            ),
+            retry=retry_if_exception_type(Retryable),
+            before_sleep=lambda _: None,
+        )
+        last: Retryable | None = None
+        try:
+            async for attempt in retrying:
+                n = attempt.retry_state.attempt_number
+                if n > 1 and not self.budget.try_spend():
+                    self.telemetry.rejected.labels("retry_budget").inc()
+                    break
+                backend = candidates[n - 1]
+                with attempt:
+                    try:
+                        await self._attempt(
+                            backend, path, body, stream, client_headers, send, extra_headers, out
+                        )
+                    except Retryable as e:
+                        last = e
+                        self.telemetry.child(self.telemetry.retries, backend.url, e.reason).inc()
+                        log.info(
+                            "attempt failed before first byte",
+                            extra={
+                                "fields": {"backend": backend.url, "reason": e.reason, "attempt": n}
+                            },
+                        )
+                        raise
+                return out
+        except RetryError:
+            pass
+        except Retryable as e:
+            last = e
+        await self._give_up(out, last, send, extra_headers)
+        return out
+
+    async def _attempt(
+        self,
+        backend: Backend,
+        path: str,
+        body: bytes,
+        stream: bool,
+        client_headers: dict[bytes, bytes],
+        send: Send,
+        extra_headers: list[tuple[bytes, bytes]],
+        out: Outcome,
+    ) -> None:
+        url = backend.url
+        out.attempts += 1
+        out.tried.append(url)
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = self._waiting.setdefault(url, set())
+        waiting.add(task)
+        self.store.acquire(url)
+        gauge = self.telemetry.child(self.telemetry.inflight, backend.tier, url)
+        gauge.inc()
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                resp = await self.session.post(
+                    url + path,
+                    data=body,
+                    timeout=self.timeout,
+                    headers=self._headers(backend, client_headers),
+                )
+                if resp.status in self.retry_statuses:
+                    data = await resp.read()
+                    self.monitor.request_failed(url, f"http_{resp.status}")
+                    hdrs = [
+                        (b"retry-after", v.encode()) for v in resp.headers.getall("Retry-After", [])
+                    ]
+                    raise Retryable(f"http_{resp.status}", resp.status, data, hdrs)
+                if stream and resp.status == 200:
+                    async with asyncio.timeout(self.retry.first_byte_timeout_s):
+                        first = await resp.content.readany()
+                else:
+                    first = await resp.read()
+                if stream and resp.status == 200 and not first:
+                    raise Retryable("empty_stream")
+            except asyncio.CancelledError:
+                if task in self._ejected_tasks:
+                    self._ejected_tasks.discard(task)
+                    task.uncancel()
+                    raise Retryable("ejected") from None
+                raise
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
+                self.monitor.request_failed(url, "connect")
+                raise Retryable(type(e).__name__) from e
+            finally:
+                waiting.discard(task)
+            # First byte in hand: from here on, the client gets what the engine says.
+            self.monitor.request_succeeded(url)
+            out.backend, out.status = backend, resp.status
+            out.first_byte_at = self.clock()
+            headers = [
+                (b"content-type", resp.headers.get("Content-Type", "application/json").encode()),
+                *extra_headers,
+                (b"x-tiergate-tier", backend.role.value.encode()),
+                (b"x-tiergate-backend", url.encode()),
+                (b"x-tiergate-attempts", str(out.attempts).encode()),
+            ]
+            if not (stream and resp.status == 200):
+                headers.append((b"content-length", str(len(first)).encode()))
+                await send(
+                    {"type": "http.response.start", "status": resp.status, "headers": headers}
+                )
+                await send({"type": "http.response.body", "body": first})
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await self._relay(resp, first, send, out)
+        finally:
+            self.store.release(url)
+            gauge.dec()
+            if resp is not None:
+                resp.release()
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, first: bytes, send: Send, out: Outcome
+    ) -> None:
+        chunk = first
+        try:
+            while chunk:
+                now = self.clock()
+                if has_text(chunk):
+                    if out.first_text_at is None:
+                        out.first_text_at = now
+                    out.last_text_at = now
+                    out.text_events += chunk.count(b"data: ")
+                if b'"usage"' in chunk and (n := completion_tokens(chunk)) is not None:
+                    out.output_tokens = n
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunk = await resp.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            out.midstream_error = type(e).__name__
+            log.warning(
+                "stream broke after first byte",
+                extra={"fields": {"backend": str(resp.url.origin()), "error": out.midstream_error}},
+            )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": True,
+                    "body": error_event(f"upstream stream failed: {out.midstream_error}"),
+                }
+            )
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _give_up(
+        self,
+        out: Outcome,
+        last: Retryable | None,
+        send: Send,
+        extra_headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        headers = [(b"x-tiergate-attempts", str(out.attempts).encode()), *extra_headers]
+        if last is not None and last.status is not None:
+            # Every candidate refused: pass the last engine's answer on as it was.
+            out.status = last.status
+            body = last.body
+            headers += [(b"content-type", b"application/json"), *last.headers]
+        else:
+            out.status = 502
+            reason = last.reason if last else "no attempt"
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": f"no backend answered after {out.attempts} attempt(s) "
+                        f"(last failure: {reason})",
+                        "type": "BadGatewayError",
+                        "param": None,
+                        "code": 502,
+                    }
+                }
+            ).encode()
+            headers.append((b"content-type", b"application/json"))
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": out.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
