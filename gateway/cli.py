@@ -213,9 +213,9 @@ def up(
         with console.status("starting simulated engines..."):
             for i, (role, prof) in enumerate(plan):
                 sim = SimProcess(
-                    prof,
-                    sim_port + i,
-                    ["--model", model, *extra],
+                    port=sim_port + i,
+                    profile=prof,
+                    args=["--model", model, *extra],
                     log=logs / f"sim-{sim_port + i}.log",
                 )
                 sims.append((role, sim.start()))

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -40,29 +41,32 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | N
 
 
 @dataclass
-class SimProcess:
-    """One `tiergate sim` process on a loopback port."""
+class ManagedProcess:
+    """A `tiergate ...` subprocess on a loopback port, ready once `ready_path` answers 200."""
 
-    profile: str
     port: int = 0
-    args: Sequence[str] = ()
     host: str = "127.0.0.1"
     log: Path | None = None
+    env: dict[str, str] | None = None
+    ready_path: str = "/health"
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> SimProcess:
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 20.0) -> Self:
         if not self.port:
             self.port = free_port(self.host)
-        cmd = [sys.executable, "-m", "gateway.cli", "sim", "--profile", self.profile,
-               "--port", str(self.port), "--host", self.host, *self.args]  # fmt: skip
+        cmd = [sys.executable, "-m", "gateway.cli", *self.argv()]
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_http(self.url + "/health", timeout, self.proc)
+            wait_http(self.url + self.ready_path, timeout, self.proc)
         except BaseException:
             self.stop()
             raise
@@ -78,8 +82,7 @@ class SimProcess:
 
     def kill(self) -> None:
         """Kill without warning (the chaos tests' instance failure)."""
-        if self.alive():
-            assert self.proc is not None
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
 
@@ -95,11 +98,36 @@ class SimProcess:
                 self.proc.wait(5)
         self.proc = None
 
-    def __enter__(self) -> SimProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class SimProcess(ManagedProcess):
+    """One `tiergate sim` process."""
+
+    profile: str = "v3"
+    args: Sequence[str] = ()
+
+    def argv(self) -> list[str]:
+        return ["sim", "--profile", self.profile, "--port", str(self.port), "--host", self.host,
+                *self.args]  # fmt: skip
+
+
+@dataclass
+class GatewayProcess(ManagedProcess):
+    """One `tiergate serve --config FILE` process."""
+
+    config: Path | None = None
+    ready_path: str = "/ready"
+
+    def argv(self) -> list[str]:
+        assert self.config is not None
+        return ["serve", "--config", str(self.config), "--port", str(self.port),
+                "--host", self.host]  # fmt: skip
 
 
 def cpu_seconds(pid: int) -> float:

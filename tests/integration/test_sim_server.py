@@ -22,13 +22,13 @@ MODEL = "meta-llama/Llama-2-7b-chat-hf"
 
 @pytest.fixture(scope="module")
 def v3() -> Iterator[SimProcess]:
-    with SimProcess("v3", args=["--speedup", "20"]) as sim:
+    with SimProcess(profile="v3", args=["--speedup", "20"]) as sim:
         yield sim
 
 
 @pytest.fixture(scope="module")
 def v4() -> Iterator[SimProcess]:
-    with SimProcess("v4", args=["--speedup", "5"]) as sim:
+    with SimProcess(profile="v4", args=["--speedup", "5"]) as sim:
         yield sim
 
 
@@ -215,7 +215,7 @@ def test_metrics_names_labels_buckets(v3: SimProcess) -> None:
 
 def test_queueing_shows_in_gauges() -> None:
     """16 requests to max_num_seqs=8: 8 running, 8 waiting."""
-    with SimProcess("v3", args=["--max-num-seqs", "8"]) as sim:
+    with SimProcess(profile="v3", args=["--max-num-seqs", "8"]) as sim:
 
         async def fire() -> None:
             async with httpx.AsyncClient(timeout=60) as c:
@@ -240,7 +240,7 @@ def test_queueing_shows_in_gauges() -> None:
 
 
 def test_preemption_when_kv_runs_out() -> None:
-    with SimProcess("v3", args=["--num-gpu-blocks", "40", "--speedup", "20"]) as sim:
+    with SimProcess(profile="v3", args=["--num-gpu-blocks", "40", "--speedup", "20"]) as sim:
 
         async def fire() -> list[int]:
             async with httpx.AsyncClient(timeout=60) as c:
@@ -275,7 +275,7 @@ def test_speculative_chunks_carry_several_tokens(v4: SimProcess) -> None:
 
 
 def test_api_key() -> None:
-    with SimProcess("instant", args=["--api-key", "sekret"]) as sim:
+    with SimProcess(profile="instant", args=["--api-key", "sekret"]) as sim:
         r = httpx.post(sim.url + "/v1/completions", json=BODY)
         assert r.status_code == 401
         ok = httpx.post(sim.url + "/v1/completions", json=BODY,
@@ -302,7 +302,7 @@ def test_fault_headers(v3: SimProcess) -> None:
 
 
 def test_runtime_faults_and_crash() -> None:
-    with SimProcess("instant") as sim:
+    with SimProcess(profile="instant") as sim:
         r = httpx.post(sim.url + "/sim/faults", json={"unhealthy": True, "error_rate": 1.0})
         assert r.json()["unhealthy"] is True
         assert httpx.get(sim.url + "/health").status_code == 503
@@ -316,7 +316,7 @@ def test_runtime_faults_and_crash() -> None:
 
 
 def test_crash_after_flag() -> None:
-    with SimProcess("instant", args=["--fault-crash-after", "2"]) as sim:
+    with SimProcess(profile="instant", args=["--fault-crash-after", "2"]) as sim:
         assert httpx.post(sim.url + "/v1/completions", json=BODY).status_code == 200
         with pytest.raises(httpx.TransportError):
             httpx.post(sim.url + "/v1/completions", json=BODY)
