@@ -175,6 +175,7 @@ class ProxyEndpoint:
         started = time.perf_counter()
         headers = dict(scope["headers"])
         rid = headers.get(b"x-request-id", b"").decode("latin-1") or uuid.uuid4().hex
+        headers[b"x-request-id"] = rid.encode("latin-1")
         extra = [(b"x-request-id", rid.encode("latin-1"))]
         try:
             model, stream, body, pinned = await self._admit(scope, receive, headers)
@@ -376,6 +377,28 @@ def create_app(settings: Settings) -> Starlette:
         }
         return JSONResponse(body, status_code=503 if missing else 200)
 
+    async def state(request: Request) -> Response:
+        """What routing sees right now: every backend's load, health and in-flight count."""
+        assert gw.monitor is not None
+        snap = gw.monitor.snapshot()
+        backends = []
+        for b in snap.backends:
+            load = snap.load(b.url)
+            st = gw.monitor.status[b.url]
+            backends.append({
+                "url": b.url, "tier": b.tier, "role": b.role.value, "models": sorted(b.models),
+                "running": load.running, "waiting": load.waiting, "kv_usage": load.kv_usage,
+                "inflight": load.inflight, "effective": load.effective, "healthy": load.healthy,
+                "stale": load.stale, "ejected_reason": st.eject_reason if st.ejected else None,
+            })  # fmt: skip
+        return JSONResponse({
+            "policy": gw.policy_name,
+            "latency_open": gw.state.latency_open,
+            "state_store": {"kind": "redis" if settings.redis_url else "memory",
+                            "healthy": gw.store.healthy},
+            "backends": backends,
+        })  # fmt: skip
+
     async def metrics(request: Request) -> Response:
         gw.telemetry.state_up.labels("redis" if settings.redis_url else "memory").set(
             1 if gw.store.healthy else 0
@@ -442,6 +465,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/health", health),
         Route("/ready", ready),
         Route("/metrics", metrics),
+        Route("/state", state),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gw

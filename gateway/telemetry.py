@@ -101,7 +101,8 @@ class Telemetry:
         )
         self.retries = Counter(
             "tiergate_retries",
-            "Attempts that failed before the first byte and were retried.",
+            "Attempts that failed before the first byte (the next candidate is tried if attempts"
+            " and the retry budget allow).",
             ("backend", "reason"),
             registry=r,
         )

@@ -38,7 +38,10 @@ from gateway.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-SSE_CONTENT_TYPE = "text/event-stream"
+HOP_HEADERS = frozenset({
+    b"host", b"content-length", b"content-type", b"connection", b"keep-alive",
+    b"transfer-encoding", b"te", b"trailer", b"upgrade", b"authorization", b"accept-encoding",
+})  # fmt: skip
 
 
 class Retryable(Exception):
@@ -156,19 +159,27 @@ class Upstream:
         monitor.on_eject.append(self._cancel_waiting)
 
     def _cancel_waiting(self, url: str) -> None:
+        # An attempt whose own failure caused the ejection is already moving on: spare it.
+        current = asyncio.current_task()
         for task in self._waiting.pop(url, ()):
-            self._ejected_tasks.add(task)
-            task.cancel()
+            if task is not current:
+                self._ejected_tasks.add(task)
+                task.cancel()
 
     def _headers(self, backend: Backend, client: dict[bytes, bytes]) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if rid := client.get(b"x-request-id"):
-            headers["X-Request-Id"] = rid.decode("latin-1")
+        # End-to-end client headers go on (x-request-id, tracing, engine-specific ones); those
+        # that describe this hop, the encoding we relay untouched, and credentials do not.
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in client.items()
+            if k not in HOP_HEADERS and not k.startswith((b"x-tiergate-", b"proxy-"))
+        }
+        headers["content-type"] = "application/json"
         key = self.monitor.status[backend.url].config.api_key
         if key is not None:
-            headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+            headers["authorization"] = f"Bearer {key.get_secret_value()}"
         elif self.passthrough_auth and (auth := client.get(b"authorization")):
-            headers["Authorization"] = auth.decode("latin-1")
+            headers["authorization"] = auth.decode("latin-1")
         return headers
 
     async def forward(
@@ -188,7 +199,9 @@ class Upstream:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(limit) | stop_after_delay(self.retry.deadline_s),
             wait=wait_exponential_jitter(
-                initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s
+                initial=self.retry.backoff_initial_s,
+                max=self.retry.backoff_max_s,
+                jitter=self.retry.backoff_initial_s,
             ),
             retry=retry_if_exception_type(Retryable),
             before_sleep=lambda _: None,
@@ -201,11 +214,13 @@ class Upstream:
                     self.telemetry.rejected.labels("retry_budget").inc()
                     break
                 backend = candidates[n - 1]
+                served = False
                 with attempt:
                     try:
                         await self._attempt(
                             backend, path, body, stream, client_headers, send, extra_headers, out
                         )
+                        served = True
                     except Retryable as e:
                         last = e
                         self.telemetry.child(self.telemetry.retries, backend.url, e.reason).inc()
@@ -216,7 +231,8 @@ class Upstream:
                             },
                         )
                         raise
-                return out
+                if served:
+                    return out
         except RetryError:
             pass
         except Retryable as e:

@@ -1,0 +1,382 @@
+"""The gateway over real sockets, in front of real simulator processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.stack import MODEL, Stack, start_stack
+
+BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 16,
+                        "ignore_eos": True}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(tmp_path_factory.mktemp("stack"), speedup=10,
+                    retry={"retry_statuses": [429, 500, 502, 503, 504]})  # fmt: skip
+    yield s
+    s.stop()
+
+
+def families(url: str) -> dict[str, list[Any]]:
+    text = httpx.get(url + "/metrics").text
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def total(fams: dict[str, list[Any]], family: str, name: str | None = None,
+          **labels: str) -> float:  # fmt: skip
+    return sum(
+        s.value for s in fams.get(family, [])
+        if s.name == (name or family) and all(s.labels.get(k) == v for k, v in labels.items())
+    )  # fmt: skip
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every)
+
+
+# -- the API ----------------------------------------------------------------------------------
+
+
+def test_openai_client_non_streaming_and_streaming(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=stack.gateway.url + "/v1", api_key="EMPTY")
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt="hello", max_tokens=8, extra_body={"ignore_eos": True})  # fmt: skip
+    out = raw.parse()
+    assert out.usage is not None
+    assert out.usage.completion_tokens == 8
+    assert raw.headers["x-tiergate-tier"] == "latency"
+    assert raw.headers["x-tiergate-backend"] == stack.latency[0].url
+    assert raw.headers["x-tiergate-attempts"] == "1"
+    chunks = list(client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=20, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))  # fmt: skip
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 20
+    assert "".join(c.choices[0].text for c in chunks if c.choices).count(" ") == 20
+    chat = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True,
+        extra_body={"ignore_eos": True}))  # fmt: skip
+    assert chat[-1].choices[0].finish_reason == "length"
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_single_request_goes_to_the_latency_tier(stack: Stack) -> None:
+    r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY)
+    assert r.status_code == 200
+    assert r.headers["x-tiergate-tier"] == "latency"
+    assert r.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("tier", ["latency", "throughput"])
+def test_pinned_tier(stack: Stack, tier: str) -> None:
+    r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
+                   headers={"x-tiergate-tier": tier})  # fmt: skip
+    assert r.headers["x-tiergate-tier"] == tier
+
+
+def test_vllm_extras_and_request_id_pass_through(stack: Stack) -> None:
+    body = BODY | {"min_tokens": 30, "max_tokens": 40, "ignore_eos": False, "priority": 1}
+    r = httpx.post(stack.gateway.url + "/v1/completions", json=body,
+                   headers={"x-request-id": "abc-123"})  # fmt: skip
+    assert r.headers["x-request-id"] == "abc-123"
+    assert r.json()["usage"]["completion_tokens"] >= 30
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "param"),
+    [
+        (json.dumps(BODY | {"model": "gpt-9"}), 404, "model"),
+        ("{bad json", 400, None),
+        ("[1, 2]", 400, None),
+        (json.dumps({"model": MODEL}), 400, "prompt"),
+        (json.dumps(BODY | {"max_tokens": "many"}), 400, "max_tokens"),
+        (json.dumps(BODY | {"stream_options": {"include_usage": True}}), 400, None),
+        (json.dumps(BODY | {"prompt": "x " * 700_000}), 413, None),
+    ],
+)
+def test_client_mistakes_get_openai_errors(
+    stack: Stack, content: str, status: int, param: str | None
+) -> None:
+    r = httpx.post(stack.gateway.url + "/v1/completions", content=content,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert (err["code"], err["param"]) == (status, param)
+    assert "Traceback" not in err["message"]
+
+
+def test_bad_tier_header(stack: Stack) -> None:
+    r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
+                   headers={"x-tiergate-tier": "fastest"})  # fmt: skip
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "x-tiergate-tier"
+
+
+def test_engine_client_errors_pass_through_without_retry(stack: Stack) -> None:
+    r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY | {"max_tokens": 9000})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "max_tokens"
+    assert r.headers["x-tiergate-attempts"] == "1"
+
+
+def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
+    bad = stack.throughput[0]
+    httpx.post(bad.url + "/sim/faults", json={"error_rate": 1.0})
+    try:
+        for _ in range(6):
+            r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
+                           headers={"x-tiergate-tier": "throughput"})  # fmt: skip
+            assert r.status_code == 200
+            assert r.headers["x-tiergate-backend"] == stack.throughput[1].url
+    finally:
+        httpx.post(bad.url + "/sim/faults", json={"error_rate": 0.0})
+    fams = families(stack.gateway.url)
+    assert total(fams, "tiergate_retries", "tiergate_retries_total", backend=bad.url) >= 1
+
+
+def test_side_endpoints_and_metrics(stack: Stack) -> None:
+    gw = stack.gateway.url
+    assert httpx.get(gw + "/health").json() == {"status": "ok"}
+    ready = httpx.get(gw + "/ready")
+    assert ready.status_code == 200
+    assert ready.json()["models"] == {MODEL: True}
+    state = httpx.get(gw + "/state").json()
+    assert state["policy"] == "golden-range"
+    assert {b["url"] for b in state["backends"]} == {s.url for s in stack.sims}
+    httpx.post(gw + "/v1/completions", json=BODY | {"stream": True})
+    fams = wait_until(lambda: (f := families(gw)) and total(
+        f, "tiergate_backend_up", backend=stack.latency[0].url) and f)  # fmt: skip
+    assert total(fams, "tiergate_requests", "tiergate_requests_total", tier="latency") >= 1
+    assert total(fams, "tiergate_routing_decisions", "tiergate_routing_decisions_total",
+                 policy="golden-range", reason="golden_range") >= 1  # fmt: skip
+    assert total(fams, "tiergate_ttft_seconds", "tiergate_ttft_seconds_count",
+                 tier="latency") >= 1  # fmt: skip
+    assert total(fams, "tiergate_tpot_seconds", "tiergate_tpot_seconds_count") >= 1
+    assert total(fams, "tiergate_output_tokens", "tiergate_output_tokens_total") >= 16
+    assert total(fams, "tiergate_backend_up") == 3
+    assert "tiergate_backend_queue_depth" in fams
+    assert "tiergate_backend_kv_usage" in fams
+
+
+def test_client_disconnect_cancels_the_upstream_request(stack: Stack) -> None:
+    sim = stack.latency[0]
+
+    def aborts() -> float:
+        return total(families(sim.url), "vllm:request_success", "vllm:request_success_total",
+                     finished_reason="abort")  # fmt: skip
+
+    before = aborts()
+    with httpx.stream("POST", stack.gateway.url + "/v1/completions",
+                      json=BODY | {"max_tokens": 3000, "stream": True}) as r:  # fmt: skip
+        next(r.iter_lines())
+    assert wait_until(lambda: aborts() > before, timeout=5)
+
+
+# -- routing under load -----------------------------------------------------------------------
+
+
+def test_forty_streams_cap_the_latency_tier_and_spread_the_rest(stack: Stack) -> None:
+    """40 concurrent streams: the latency instance never holds more than 16 (the golden range),
+    the other 24 split evenly over the throughput pool."""
+    gw = stack.gateway.url
+    lat = stack.latency[0].url
+    peak = 0.0
+
+    async def run() -> list[httpx.Response]:
+        nonlocal peak
+        body = BODY | {"max_tokens": 256, "stream": True}
+        async with httpx.AsyncClient(timeout=60) as c:
+            tasks = [asyncio.create_task(c.post(gw + "/v1/completions", json=body))
+                     for _ in range(40)]  # fmt: skip
+            while not all(t.done() for t in tasks):
+                fams = {f.name: f.samples for f in text_string_to_metric_families(
+                    (await c.get(lat + "/metrics")).text)}  # fmt: skip
+                load = total(fams, "vllm:num_requests_running") + total(
+                    fams, "vllm:num_requests_waiting")  # fmt: skip
+                peak = max(peak, load)
+                await asyncio.sleep(0.02)
+            return [t.result() for t in tasks]
+
+    responses = asyncio.run(run())
+    assert all(r.status_code == 200 for r in responses)
+    assert all(r.text.endswith("data: [DONE]\n\n") for r in responses)
+    by_backend = Counter(r.headers["x-tiergate-backend"] for r in responses)
+    assert by_backend[lat] == 16
+    assert peak <= 16
+    a, b = (by_backend[s.url] for s in stack.throughput)
+    assert a + b == 24
+    assert abs(a - b) <= 2
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def _sse_ok(text: str) -> bool:
+    return text.endswith("data: [DONE]\n\n") and '"error"' not in text
+
+
+def test_killing_a_throughput_instance_loses_no_request_that_had_not_streamed(
+    tmp_path: Path,
+) -> None:
+    s = start_stack(tmp_path, latency=0, throughput=2, speedup=2)
+    try:
+        gw = s.gateway.url
+        victim = s.throughput[0]
+
+        async def run() -> tuple[list[httpx.Response], list[tuple[bool, str]]]:
+            async with httpx.AsyncClient(timeout=60) as c:
+                plain = [asyncio.create_task(c.post(gw + "/v1/completions",
+                         json=BODY | {"max_tokens": 200})) for _ in range(30)]  # fmt: skip
+
+                async def stream() -> tuple[bool, str]:
+                    started = False
+                    text = ""
+                    body = BODY | {"max_tokens": 200, "stream": True}
+                    async with c.stream("POST", gw + "/v1/completions", json=body) as r:
+                        async for chunk in r.aiter_text():
+                            started = True
+                            text += chunk
+                    return started, text
+
+                streams = [asyncio.create_task(stream()) for _ in range(10)]
+                await asyncio.sleep(0.4)
+                victim.kill()
+                return await asyncio.gather(*plain), await asyncio.gather(*streams)
+
+        plain, streams = asyncio.run(run())
+        # Not one non-streamed request is lost: none had sent a byte to its client.
+        assert [r.status_code for r in plain] == [200] * 30
+        assert all(r.json()["usage"]["completion_tokens"] == 200 for r in plain)
+        # A stream cut after its first byte ends with an error event and [DONE]; others finish.
+        for started, text in streams:
+            assert started
+            assert text.endswith("data: [DONE]\n\n")
+        # New requests avoid the dead instance.
+        for _ in range(5):
+            r = httpx.post(gw + "/v1/completions", json=BODY)
+            assert r.status_code == 200
+            assert r.headers["x-tiergate-backend"] == s.throughput[1].url
+    finally:
+        s.stop()
+
+
+def test_a_hung_backend_is_bypassed_within_seconds(tmp_path: Path) -> None:
+    s = start_stack(tmp_path, latency=0, throughput=2, speedup=10)
+    try:
+        gw = s.gateway.url
+        hung = s.throughput[0]
+        httpx.post(hung.url + "/sim/faults", json={"hang": True})
+
+        async def run() -> list[tuple[int, float, str]]:
+            async with httpx.AsyncClient(timeout=30) as c:
+
+                async def one() -> tuple[int, float, str]:
+                    t0 = time.perf_counter()
+                    r = await c.post(gw + "/v1/completions", json=BODY)
+                    return r.status_code, time.perf_counter() - t0, r.headers.get(
+                        "x-tiergate-backend", "")  # fmt: skip
+
+                return await asyncio.gather(*(one() for _ in range(10)))
+
+        results = asyncio.run(run())
+        assert [code for code, _, _ in results] == [200] * 10
+        assert max(t for _, t, _ in results) < 5.0
+        assert {b for _, _, b in results} == {s.throughput[1].url}
+        state = httpx.get(gw + "/state").json()
+        (row,) = [b for b in state["backends"] if b["url"] == hung.url]
+        assert row["healthy"] is False
+        assert row["ejected_reason"] == "stalled"
+    finally:
+        s.stop()
+
+
+def test_saturation_queues_then_answers_429(tmp_path: Path) -> None:
+    s = start_stack(
+        tmp_path, latency=1, throughput=1, speedup=1, throughput_args=("--max-num-seqs", "2"),
+        policy={"latency_max_concurrency": 1, "latency_hard_cap": 1, "hysteresis": 0,
+                "max_waiting": 0, "queue_deadline_s": 0.3},
+    )  # fmt: skip
+    try:
+        gw, engine = s.gateway.url, s.throughput[0].url
+
+        async def run() -> None:
+            async with httpx.AsyncClient(timeout=30) as c:
+                body = BODY | {"max_tokens": 400}
+                # One request fills the latency tier (hard cap 1); six sent straight to the
+                # throughput engine (max-num-seqs 2) leave a queue there.
+                busy = [asyncio.create_task(c.post(gw + "/v1/completions", json=body))]
+                await asyncio.sleep(0.3)
+                busy += [asyncio.create_task(c.post(engine + "/v1/completions", json=body))
+                         for _ in range(6)]  # fmt: skip
+                await asyncio.sleep(1.0)
+                t0 = time.perf_counter()
+                r = await c.post(gw + "/v1/completions", json=BODY)
+                waited = time.perf_counter() - t0
+                for t in busy:
+                    t.cancel()
+                await asyncio.gather(*busy, return_exceptions=True)
+                assert r.status_code == 429, r.text
+                assert r.headers["retry-after"] == "1"
+                assert r.json()["error"]["type"] == "RateLimitError"
+                assert waited >= 0.3
+
+        asyncio.run(run())
+    finally:
+        s.stop()
+
+
+# -- shared state -----------------------------------------------------------------------------
+
+
+def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_server: str) -> None:
+    s = start_stack(tmp_path, latency=0, throughput=2, speedup=1, gateways=2,
+                    env={"TIERGATE_REDIS_URL": redis_server})  # fmt: skip
+    try:
+        a, b = (g.url for g in s.gateways)
+
+        def inflight(gw: str) -> dict[str, int]:
+            return {x["url"]: x["inflight"] for x in httpx.get(gw + "/state").json()["backends"]}
+
+        async def run() -> None:
+            async with httpx.AsyncClient(timeout=60) as c:
+                body = BODY | {"max_tokens": 256}
+                tasks = [asyncio.create_task(c.post(a + "/v1/completions", json=body))
+                         for _ in range(6)]  # fmt: skip
+                seen = await asyncio.to_thread(
+                    wait_until, lambda: sum(inflight(b).values()) == 6, 3.0)  # fmt: skip
+                assert seen, inflight(b)
+                assert inflight(b) == inflight(a)
+                # B routes by the load A put there: three more land on the less loaded backend.
+                loads = inflight(b)
+                lighter = min(loads, key=lambda u: loads[u])
+                r = await c.post(b + "/v1/completions", json=BODY)
+                if loads[s.throughput[0].url] != loads[s.throughput[1].url]:
+                    assert r.headers["x-tiergate-backend"] == lighter
+                await asyncio.gather(*tasks)
+            drained = await asyncio.to_thread(
+                wait_until, lambda: sum(inflight(b).values()) == 0, 3.0)  # fmt: skip
+            assert drained
+
+        asyncio.run(run())
+        assert httpx.get(b + "/state").json()["state_store"] == {"kind": "redis", "healthy": True}
+    finally:
+        s.stop()
