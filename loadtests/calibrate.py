@@ -15,6 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from engines.sim.profile import load_profile
 from engines.sim.virtual import LoopResult, single_request_estimate
 from engines.sim.virtual import closed_loop as virtual_loop
 from loadtests.client import LoopStats, closed_loop
+from loadtests.stack import start_stack
 
 SERIAL_SPEEDUP = 25.0
 
@@ -103,14 +109,34 @@ class Fidelity:
     model: dict[str, float]
 
 
+@contextmanager
+def serve_profile(name: str, speedup: float, via: str) -> Iterator[tuple[str, int]]:
+    """A simulator of the profile, reached directly or through a gateway: (URL, engine pid)."""
+    args = ["--speedup", str(speedup)] if speedup != 1 else []
+    if via == "direct":
+        with SimProcess(profile=name, args=args) as sim:
+            yield sim.url, sim.pid
+        return
+    with tempfile.TemporaryDirectory(prefix="tiergate-tables-") as tmp:
+        stack = start_stack(Path(tmp), latency=0, throughput=1, throughput_profile=name,
+                            speedup=speedup, log_level="warning")  # fmt: skip
+        try:
+            yield stack.gateway.url, stack.throughput[0].pid
+        finally:
+            stack.stop()
+
+
 def run(
     profiles: list[str] | None,
     *,
     requests_per_user: int | None = None,
     out: Path | None = None,
     console: Console | None = None,
-) -> list[CellResult]:
-    console = console or Console()
+    via: str = "direct",
+    report: Path | None = None,
+    speedup: float = 1.0,
+) -> tuple[list[CellResult], list[Fidelity]]:
+    console = console or Console(record=report is not None, width=140)
     data = load_targets()
     tolerance = float(data.get("tolerance", 0.10))
     rpu = requests_per_user or int(data["requests_per_user"])
@@ -131,12 +157,11 @@ def run(
             for c in sorted({int(r["concurrency"]) for r, _ in rows}):
                 # Serial engines under concurrency queue for minutes in real time: run those
                 # cells faster; single requests always run in real time.
-                speedup = SERIAL_SPEEDUP if prof.serial and c > 1 else 1.0
-                args = ["--speedup", str(speedup)] if speedup != 1 else []
-                label = f"{name} c={c}"
-                with SimProcess(profile=name, args=args) as sim, cpu_meter(sim.pid) as used:
+                cell_speedup = max(speedup, SERIAL_SPEEDUP if prof.serial and c > 1 else 1.0)
+                label = f"{name} c={c}" + (" via gateway" if via == "gateway" else "")
+                with serve_profile(name, cell_speedup, via) as (url, pid), cpu_meter(pid) as used:
                     stats = asyncio.run(
-                        _measure(sim.url, c, workload, rpu, single / speedup, progress, label)
+                        _measure(url, c, workload, rpu, single / cell_speedup, progress, label)
                     )
                 loops[(name, c)] = stats
                 if stats.errors:
@@ -149,8 +174,8 @@ def run(
                     requests_per_user=rpu,
                 )
                 fidelity.append(Fidelity(
-                    name, c, speedup, used[0],
-                    {m: _value(stats, m, speedup) for m in METRICS},
+                    name, c, cell_speedup, used[0],
+                    {m: _value(stats, m, cell_speedup) for m in METRICS},
                     {m: _model_value(model, m) for m in METRICS},
                 ))  # fmt: skip
                 for row, claimed in rows:
@@ -161,7 +186,7 @@ def run(
                         if m in row:
                             cells.append(CellResult(
                                 name, c, m, float(row[m]), _model_value(model, m),
-                                _value(stats, m, speedup), len(stats.measured()), claimed,
+                                _value(stats, m, cell_speedup), len(stats.measured()), claimed,
                                 tolerance, reason,
                             ))  # fmt: skip
     _print(console, cells)
@@ -172,7 +197,17 @@ def run(
             "cells": [asdict(c) | {"ratio": c.ratio, "ok": c.ok} for c in cells],
             "fidelity": [asdict(f) for f in fidelity],
         }, indent=2))  # fmt: skip
-    return cells
+    if report:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(
+            "# Simulator calibration\n\n"
+            f"Command: `tiergate bench calibrate`. Date: {time.strftime('%Y-%m-%d')}, on "
+            f"{os.cpu_count()} CPU cores. Each cell: the tutorial's value, the profile's model "
+            "(the scheduler on a virtual clock), the medians measured over HTTP against a real "
+            "simulator process, and measured / table. `n` is the number of requests measured.\n\n"
+            "```\n" + console.export_text() + "```\n"
+        )
+    return cells, fidelity
 
 
 def _print(console: Console, cells: list[CellResult]) -> None:

@@ -1,0 +1,99 @@
+"""A tiered deployment on loopback: simulator processes plus gateway processes (tests and
+benchmarks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engines.sim.launch import GatewayProcess, SimProcess
+
+MODEL = "meta-llama/Llama-2-7b-chat-hf"
+
+
+@dataclass
+class Stack:
+    latency: list[SimProcess]
+    throughput: list[SimProcess]
+    gateways: list[GatewayProcess] = field(default_factory=list)
+
+    @property
+    def gateway(self) -> GatewayProcess:
+        return self.gateways[0]
+
+    @property
+    def sims(self) -> list[SimProcess]:
+        return self.latency + self.throughput
+
+    def stop(self) -> None:
+        for p in [*self.gateways, *self.sims]:
+            p.stop()
+
+
+def config(stack: Stack, **settings: Any) -> dict[str, Any]:
+    tiers = [
+        {"name": name, "role": role, "backends": [{"url": s.url, "models": [MODEL]} for s in sims]}
+        for name, role, sims in (("eagle", "latency", stack.latency),
+                                 ("awq", "throughput", stack.throughput))
+        if sims
+    ]  # fmt: skip
+    base: dict[str, Any] = {
+        "tiers": tiers,
+        "log_level": "info",
+        "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5, "stall_after_s": 1.0},
+    }
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+def add_gateway(
+    stack: Stack,
+    workdir: Path,
+    name: str = "gateway",
+    env: dict[str, str] | None = None,
+    **settings: Any,
+) -> GatewayProcess:
+    """Start one more gateway in front of the stack's engines, with its own settings."""
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config(stack, **settings)))
+    gw = GatewayProcess(config=path, env=env, log=workdir / f"{name}.log").start()
+    stack.gateways.append(gw)
+    return gw
+
+
+def start_stack(
+    workdir: Path,
+    *,
+    latency: int = 1,
+    throughput: int = 2,
+    speedup: float = 10.0,
+    gateways: int = 1,
+    env: dict[str, str] | None = None,
+    latency_args: tuple[str, ...] = (),
+    throughput_args: tuple[str, ...] = (),
+    latency_profile: str = "v4",
+    throughput_profile: str = "v3",
+    **settings: Any,
+) -> Stack:
+    args = ["--speedup", str(speedup)]
+    stack = Stack([], [])
+    try:
+        for _ in range(latency):
+            sim = SimProcess(profile=latency_profile, args=[*args, *latency_args])
+            stack.latency.append(sim.start())
+        for _ in range(throughput):
+            sim = SimProcess(profile=throughput_profile, args=[*args, *throughput_args])
+            stack.throughput.append(sim.start())
+        for i in range(gateways):
+            add_gateway(stack, workdir, f"gateway-{i}", env, **settings)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
