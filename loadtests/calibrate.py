@@ -154,41 +154,43 @@ def run(
             single = single_request_estimate(
                 prof, workload["prompt_tokens"], workload["output_tokens"]
             )
+            # Serial engines under concurrency queue for minutes in real time: run those cells
+            # faster; single requests always run in real time. One engine per speed.
+            groups: dict[float, list[int]] = {}
             for c in sorted({int(r["concurrency"]) for r, _ in rows}):
-                # Serial engines under concurrency queue for minutes in real time: run those
-                # cells faster; single requests always run in real time.
-                cell_speedup = max(speedup, SERIAL_SPEEDUP if prof.serial and c > 1 else 1.0)
-                label = f"{name} c={c}" + (" via gateway" if via == "gateway" else "")
-                with serve_profile(name, cell_speedup, via) as (url, pid), cpu_meter(pid) as used:
-                    stats = asyncio.run(
-                        _measure(url, c, workload, rpu, single / cell_speedup, progress, label)
-                    )
-                loops[(name, c)] = stats
-                if stats.errors:
-                    console.print(f"[red]{label}: {stats.errors} requests failed")
-                model = virtual_loop(
-                    prof,
-                    c,
-                    prompt_tokens=workload["prompt_tokens"],
-                    output_tokens=workload["output_tokens"],
-                    requests_per_user=rpu,
-                )
-                fidelity.append(Fidelity(
-                    name, c, cell_speedup, used[0],
-                    {m: _value(stats, m, cell_speedup) for m in METRICS},
-                    {m: _model_value(model, m) for m in METRICS},
-                ))  # fmt: skip
-                for row, claimed in rows:
-                    if int(row["concurrency"]) != c:
-                        continue
-                    reason = " ".join(str(row.get("reason", "")).split())
-                    for m in METRICS:
-                        if m in row:
-                            cells.append(CellResult(
-                                name, c, m, float(row[m]), _model_value(model, m),
-                                _value(stats, m, cell_speedup), len(stats.measured()), claimed,
-                                tolerance, reason,
-                            ))  # fmt: skip
+                sp = max(speedup, SERIAL_SPEEDUP if prof.serial and c > 1 else 1.0)
+                groups.setdefault(sp, []).append(c)
+            for cell_speedup, concurrencies in groups.items():
+                with serve_profile(name, cell_speedup, via) as (url, pid):
+                    for c in concurrencies:
+                        label = f"{name} c={c}" + (" via gateway" if via == "gateway" else "")
+                        stagger = single / cell_speedup
+                        with cpu_meter(pid) as used:
+                            stats = asyncio.run(
+                                _measure(url, c, workload, rpu, stagger, progress, label)
+                            )
+                        if stats.errors:
+                            console.print(f"[red]{label}: {stats.errors} requests failed")
+                        loops[(name, c)] = stats
+                        model = virtual_loop(
+                            prof, c, prompt_tokens=workload["prompt_tokens"],
+                            output_tokens=workload["output_tokens"], requests_per_user=rpu,
+                        )  # fmt: skip
+                        fidelity.append(Fidelity(
+                            name, c, cell_speedup, used[0],
+                            {m: _value(stats, m, cell_speedup) for m in METRICS},
+                            {m: _model_value(model, m) for m in METRICS},
+                        ))  # fmt: skip
+                        for row, claimed in rows:
+                            if int(row["concurrency"]) != c:
+                                continue
+                            reason = " ".join(str(row.get("reason", "")).split())
+                            cells += [
+                                CellResult(name, c, m, float(row[m]), _model_value(model, m),
+                                           _value(stats, m, cell_speedup), len(stats.measured()),
+                                           claimed, tolerance, reason)
+                                for m in METRICS if m in row
+                            ]  # fmt: skip
     _print(console, cells)
     _print_fidelity(console, fidelity)
     _crossover(console, loops)

@@ -115,11 +115,12 @@ def cluster(instances: tuple[int, ...], users_per_instance: int, seconds: float,
             speedup: float, console: Console) -> list[ClusterRun]:  # fmt: skip
     runs = []
     for n in instances:
-        for kill in (False, True):
-            with tempfile.TemporaryDirectory(prefix="tiergate-v5-") as tmp:
-                stack = start_stack(Path(tmp), latency=0, throughput=n, speedup=speedup,
-                                    log_level="warning")  # fmt: skip
-                try:
+        with tempfile.TemporaryDirectory(prefix="tiergate-v5-") as tmp:
+            stack = start_stack(Path(tmp), latency=0, throughput=n, speedup=speedup,
+                                log_level="warning")  # fmt: skip
+            try:
+                # The same deployment twice: intact, then with one instance killed a third in.
+                for kill in (False, True):
                     users = users_per_instance * n
                     kill_at = seconds / 3 if kill else None
                     t0 = time.perf_counter()
@@ -127,15 +128,16 @@ def cluster(instances: tuple[int, ...], users_per_instance: int, seconds: float,
                         stack.gateway.url, users, seconds,
                         stack.throughput[0].kill if kill else None, kill_at))  # fmt: skip
                     span = (time.perf_counter() - t0) * speedup
-                finally:
-                    stack.stop()
-            p99 = statistics.quantiles(e2e, n=100)[98] * speedup if len(e2e) > 1 else math.nan
-            run = ClusterRun(n, users, span, done, failed, done / span, p99,
-                             kill_at * speedup if kill_at else None)  # fmt: skip
-            console.print(f"v5: {n} instance(s){' , one killed' if kill else ''}: "
-                          f"{run.req_s:.1f} req/s, p99 {p99:.1f} s, {failed} failed "
-                          f"of {done + failed}")  # fmt: skip
-            runs.append(run)
+                    p99 = (statistics.quantiles(e2e, n=100)[98] * speedup if len(e2e) > 1
+                           else math.nan)  # fmt: skip
+                    run = ClusterRun(n, users, span, done, failed, done / span, p99,
+                                     kill_at * speedup if kill_at else None)  # fmt: skip
+                    console.print(f"v5: {n} instance(s){', one killed' if kill else ''}: "
+                                  f"{run.req_s:.1f} req/s, p99 {p99:.1f} s, {failed} failed "
+                                  f"of {done + failed}")  # fmt: skip
+                    runs.append(run)
+            finally:
+                stack.stop()
     return runs
 
 
@@ -252,7 +254,7 @@ def _plots(data: dict[str, Any], fidelity: list[Fidelity], out_dir: Path) -> Non
     import matplotlib.pyplot as plt
 
     workload = data["workload"]
-    rpu = int(data["requests_per_user"])
+    rpu = 3  # smooth enough for a curve, and fast
     names = sorted({f.profile for f in fidelity})
     curves: dict[str, dict[str, list[float]]] = {}
     for name in names:
