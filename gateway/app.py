@@ -29,6 +29,7 @@ from gateway.load.monitor import Monitor
 from gateway.routing import (
     Backend,
     Decision,
+    Policy,
     PolicyParams,
     Role,
     RouteRequest,
@@ -82,6 +83,7 @@ class Gateway:
     models: frozenset[str]
     params: PolicyParams
     policy_name: str
+    policy: Policy
     rng: random.Random
     state: RouterState
     session: aiohttp.ClientSession | None = None
@@ -91,9 +93,7 @@ class Gateway:
 
     def decide(self, req: RouteRequest) -> Decision:
         assert self.monitor is not None
-        decision = get_policy(self.policy_name)(
-            req, self.monitor.snapshot(), self.state, self.params, self.rng
-        )
+        decision = self.policy(req, self.monitor.snapshot(), self.state, self.params, self.rng)
         self.state = decision.state
         return decision
 
@@ -119,6 +119,7 @@ def build_gateway(settings: Settings) -> Gateway:
             p2c_min_pool=p.p2c_min_pool,
         ),
         policy_name=p.name,
+        policy=get_policy(p.name),
         rng=random.Random(p.seed),
         state=RouterState(),
         api_keys=frozenset(f"Bearer {k.get_secret_value()}".encode() for k in settings.api_keys),
@@ -168,9 +169,6 @@ class ProxyEndpoint:
         self.gw, self.path, self.schema = gw, path, schema
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST":
-            await _send_json(send, 405, error_body(405, "Use POST.", "MethodNotAllowed"))
-            return
         gw = self.gw
         started = time.perf_counter()
         headers = dict(scope["headers"])

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gevent
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -43,30 +44,37 @@ TIER_HEADER = "x-tiergate-tier"
 BACKEND_HEADER = "x-tiergate-backend"
 
 
-@events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
-    g = parser.add_argument_group("tiergate workload")
-    g.add_argument("--model", default="", help="model name (default: none, the server's only one)")
-    g.add_argument("--prompt-tokens", type=int, default=50, help="prompt length in tokens (words)")
-    g.add_argument("--output-tokens", type=int, default=256, help="max_tokens, with ignore_eos")
-    g.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds, for goodput")
-    g.add_argument("--slo-tpot", type=float, default=0.025, help="TPOT SLO in seconds")
-    g.add_argument("--run-label", default="", help="label of this run in the JSONL records")
-    g.add_argument(
+    # on the parser itself, not a group: Locust's web UI shows only the parser's own arguments
+    parser.add_argument(
+        "--model", default="", help="model name (default: none, the server's only one)"
+    )
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=50, help="prompt length in tokens (words)"
+    )
+    parser.add_argument(
+        "--output-tokens", type=int, default=256, help="max_tokens, with ignore_eos"
+    )
+    parser.add_argument(
+        "--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds, for goodput"
+    )
+    parser.add_argument("--slo-tpot", type=float, default=0.025, help="TPOT SLO in seconds")
+    parser.add_argument("--run-label", default="", help="label of this run in the JSONL records")
+    parser.add_argument(
         "--jsonl",
         default="",
         help="per-request records (default runs/locust-<label>-<timestamp>.jsonl); appended to",
     )
-    g.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    g.add_argument("--no-stream", action="store_true", help="non-streaming: TTFT = E2E")
-    g.add_argument(
+    parser.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    parser.add_argument("--no-stream", action="store_true", help="non-streaming: TTFT = E2E")
+    parser.add_argument(
         "--tier",
         default="",
         choices=["", "latency", "throughput"],
         help="pin requests to a tier (x-tiergate-tier request header)",
     )
     # Shared by the step and burst scenarios (declared here so that they cannot clash).
-    g.add_argument(
+    parser.add_argument(
         "--phase-seconds",
         type=float,
         default=0.0,
@@ -149,7 +157,6 @@ def _jsonl_path(environment: Any, label: str) -> Path:
     return Path("runs") / f"locust-{label}-{stamp}{suffix}.jsonl"
 
 
-@events.test_start.add_listener
 def _on_test_start(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, MasterRunner):
         return  # the workers send the requests and write the records
@@ -162,7 +169,6 @@ def _on_test_start(environment: Any, **_: Any) -> None:
     log.info("per-request records: %s", rec.path)
 
 
-@events.test_stop.add_listener
 def _on_test_stop(environment: Any, **_: Any) -> None:
     rec: Recorder | None = getattr(environment, "tiergate_recorder", None)
     if rec is None or isinstance(environment.runner, MasterRunner):
@@ -177,13 +183,22 @@ def _on_test_stop(environment: Any, **_: Any) -> None:
     print(format_table(rows, o.slo_ttft, o.slo_tpot), flush=True)
 
 
+# Register once per process: with `-f scenarios/step.py,locustfile.py` the scenario imports this
+# module first, then Locust loads the file again under the same name (its classes are then
+# ignored as duplicates of the same file, but listeners would be added twice).
+if not getattr(events, "_tiergate_locustfile", False):
+    events._tiergate_locustfile = True
+    events.init_command_line_parser.add_listener(_add_options)
+    events.test_start.add_listener(_on_test_start)
+    events.test_stop.add_listener(_on_test_stop)
+
 _user_ids = itertools.count(1)
 
 
-class LLMUser(FastHttpUser):
-    """One closed-loop client: one request at a time, no think time."""
+class CompletionsUser(FastHttpUser):
+    """Sends, times, reports and records requests (send_one); subclasses choose when."""
 
-    wait_time = constant(0)
+    abstract = True
     network_timeout = 120.0  # per socket read: covers a long queue before the first token
     connection_timeout = 10.0
     concurrency = 1  # one request at a time per user: one pooled connection is enough
@@ -195,15 +210,12 @@ class LLMUser(FastHttpUser):
         base = runner.worker_index * 1_000_000 if isinstance(runner, WorkerRunner) else 0
         self.user_id = base + next(_user_ids)
 
-    @task
-    def generate(self) -> None:
-        self.send_one()
-
     def send_one(self) -> dict[str, Any]:
         """Send one request, report it to Locust and record it; returns the record."""
         w = self.workload
         runner = self.environment.runner
-        users = runner.user_count if runner is not None else None  # the phase of a load shape
+        # target users of this process (the phase of a load shape; workers: current count)
+        users = (runner.target_user_count or runner.user_count) if runner is not None else None
         ts = time.time()
         st = time.perf_counter()
         ttft = e2e = None
@@ -261,11 +273,23 @@ class LLMUser(FastHttpUser):
             "output_tokens": tokens if ok else 0,
             "ok": ok,
             "error": error,
-            "users": users,  # running in this process when the request was sent
+            "users": users,
         }
         if recorder is not None:
             recorder.add(rec)
+        if status == 0:
+            gevent.sleep(0.2)  # no server: do not spin the load generator's CPU on refusals
         return rec
+
+
+class LLMUser(CompletionsUser):
+    """One closed-loop client: one request at a time, no think time."""
+
+    wait_time = constant(0)
+
+    @task
+    def generate(self) -> None:
+        self.send_one()
 
 
 def _http_error(resp: Any, status: int) -> str:

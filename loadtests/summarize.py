@@ -26,7 +26,8 @@ ALL = "all"  # the tier of a label's aggregate row
 class Row:
     label: str
     tier: str
-    users: int | None  # only when grouping by active users
+    phase: int | None  # only with by_phase: index of the run of records with the same users
+    users: int | None
     n: int  # requests, failed included
     failed: int
     window_s: float  # first request sent -> last request done
@@ -86,6 +87,7 @@ def _values(recs: Sequence[Record], key: str) -> list[float]:
 def summarize_group(
     label: str,
     tier: str,
+    phase: int | None,
     users: int | None,
     recs: Sequence[Record],
     slo_ttft: float,
@@ -105,6 +107,7 @@ def summarize_group(
     return Row(
         label=label,
         tier=tier,
+        phase=phase,
         users=users,
         n=len(recs),
         failed=len(recs) - len(done),
@@ -128,38 +131,46 @@ def summarize(
     *,
     slo_ttft: float = 1.0,
     slo_tpot: float = 0.025,
-    by_users: bool = False,
+    by_phase: bool = False,
     warmup_s: float = 0.0,
 ) -> list[Row]:
-    """One row per (label, tier[, active users]), plus an `all` row per label with several tiers.
+    """One row per (label, tier), plus an `all` row per label with several tiers.
 
+    `by_phase` splits each label into phases, the runs of consecutive requests (by send time)
+    sent with the same target number of users (the `users` field): the steps of a load shape.
     `warmup_s` drops the requests sent in the first seconds of each label's run (ramp-up)."""
-    recs = list(records)
-    first: dict[str, float] = {}
-    for r in recs:
-        label = str(r.get("label") or "-")
-        first[label] = min(first.get(label, math.inf), float(r.get("ts") or 0.0))
-    groups: dict[tuple[str, str, int | None], list[Record]] = {}
-    for r in recs:
-        label = str(r.get("label") or "-")
-        if warmup_s and float(r.get("ts") or 0.0) < first[label] + warmup_s:
-            continue
-        users = int(r["users"]) if by_users and r.get("users") is not None else None
-        tier = str(r.get("tier") or "-")
-        groups.setdefault((label, tier, users), []).append(r)
-        groups.setdefault((label, ALL, users), []).append(r)
+    by_label: dict[str, list[Record]] = {}
+    for r in records:
+        by_label.setdefault(str(r.get("label") or "-"), []).append(r)
+    groups: dict[tuple[str, int | None, int | None, str], list[Record]] = {}
+    for label, recs in by_label.items():
+        recs.sort(key=lambda r: float(r.get("ts") or 0.0))
+        start = float(recs[0].get("ts") or 0.0)
+        phase, prev = -1, object()
+        for r in recs:
+            users = r.get("users")
+            if users != prev:
+                phase, prev = phase + 1, users
+            if warmup_s and float(r.get("ts") or 0.0) < start + warmup_s:
+                continue
+            key_phase, key_users = (phase, users) if by_phase else (None, None)
+            tier = str(r.get("tier") or "-")
+            groups.setdefault((label, key_phase, key_users, tier), []).append(r)
+            groups.setdefault((label, key_phase, key_users, ALL), []).append(r)
     rows: list[Row] = []
-    for (label, tier, users), group in sorted(groups.items(), key=_order):
-        tiers = {k[1] for k in groups if k[0] == label and k[2] == users and k[1] != ALL}
+    for (label, p, u, tier), group in sorted(groups.items(), key=_order):
+        tiers = {k[3] for k in groups if k[:3] == (label, p, u) and k[3] != ALL}
         if tier == ALL and len(tiers) < 2:
             continue  # same as the single tier's row
-        rows.append(summarize_group(label, tier, users, group, slo_ttft, slo_tpot))
+        rows.append(summarize_group(label, tier, p, u, group, slo_ttft, slo_tpot))
     return rows
 
 
-def _order(item: tuple[tuple[str, str, int | None], list[Record]]) -> tuple[str, int, int, str]:
-    label, tier, users = item[0]
-    return (label, -1 if users is None else users, tier == ALL, tier)
+def _order(
+    item: tuple[tuple[str, int | None, int | None, str], list[Record]],
+) -> tuple[str, int, bool, str]:
+    label, phase, _, tier = item[0]
+    return (label, -1 if phase is None else phase, tier == ALL, tier)
 
 
 def _ms(x: float) -> str:
@@ -172,15 +183,15 @@ def _num(x: float, fmt: str = ".1f") -> str:
 
 def format_table(rows: Sequence[Row], slo_ttft: float = 1.0, slo_tpot: float = 0.025) -> str:
     """A fixed-width table; times in ms."""
-    has_users = any(r.users is not None for r in rows)
-    head = ["label", "tier", *(["users"] if has_users else []), "n", "fail",
+    phased = any(r.phase is not None for r in rows)
+    head = ["label", *(["phase", "users"] if phased else []), "tier", "n", "fail",
             "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
             "tok/s", "req/s", "good %", "good/s"]  # fmt: skip
     body = [
         [
             r.label,
+            *([str(r.phase), str(r.users)] if phased else []),
             r.tier,
-            *([str(r.users or "-")] if has_users else []),
             str(r.n),
             str(r.failed),
             _ms(r.ttft_p50),
@@ -197,7 +208,7 @@ def format_table(rows: Sequence[Row], slo_ttft: float = 1.0, slo_tpot: float = 0
         for r in rows
     ]
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
-    text_cols = 3 if has_users else 2
+    text_cols = 4 if phased else 2
 
     def fmt(cells: Sequence[str]) -> str:
         return "  ".join(
@@ -222,10 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds (1.0)")
     ap.add_argument("--slo-tpot", type=float, default=0.025, help="TPOT SLO in seconds (0.025)")
     ap.add_argument(
-        "--by-users",
+        "--by-phase",
         action="store_true",
-        help="also group by the number of users active when each request was sent "
-        "(per load-generator process), e.g. per phase of the step scenario",
+        help="one row per phase: run of requests sent with the same target number of users "
+        "(the steps of a load shape)",
     )
     ap.add_argument(
         "--warmup",
@@ -244,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records,
         slo_ttft=args.slo_ttft,
         slo_tpot=args.slo_tpot,
-        by_users=args.by_users,
+        by_phase=args.by_phase,
         warmup_s=args.warmup,
     )
     if args.json:

@@ -24,9 +24,8 @@ DEFAULT_PHASE_S = 20.0
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
-    g = parser.add_argument_group("burst scenario")
-    g.add_argument("--spike-seconds", type=float, default=0.0, help="spike length (phase / 2)")
-    g.add_argument("--bursts", type=int, default=3, help="base + spike cycles (3)")
+    parser.add_argument("--spike-seconds", type=float, default=0.0, help="spike length (phase / 2)")
+    parser.add_argument("--bursts", type=int, default=3, help="base + spike cycles (3)")
 
 
 class BurstShape(LoadTestShape):

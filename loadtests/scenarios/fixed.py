@@ -3,7 +3,7 @@
     locust -f loadtests/scenarios/fixed.py --headless -H http://127.0.0.1:8000 -u 16 -t 60s
 
 FixedShape reads Locust's own --users (default 1) and --run-time (default: until stopped) and
-starts every user at once (or at --spawn-rate per second). Without the shape the same load is
+starts every user at once (--spawn-rate is ignored). Without the shape the same load is
 `locust -f loadtests/locustfile.py --headless -u 16 -r 16 -t 60s ...`.
 """
 
@@ -20,12 +20,11 @@ from locustfile import LLMUser  # noqa: F401  (the user class Locust runs)
 
 
 class FixedShape(LoadTestShape):
-    use_common_options = True  # read --users, --spawn-rate and --run-time
+    use_common_options = True  # read --users and --run-time
 
     def tick(self) -> tuple[int, float] | None:
         o: Any = self.runner.environment.parsed_options if self.runner else None
         users = (o.num_users if o else None) or 1
-        rate = (o.spawn_rate if o else None) or users
         if o and o.run_time and self.get_run_time() >= o.run_time:
             return None
-        return users, rate
+        return users, float(users)  # all at once (headless sets -r to 1 when it is not given)

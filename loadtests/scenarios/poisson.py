@@ -23,10 +23,10 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gevent
-from locust import LoadTestShape, events, task
+from locust import LoadTestShape, events
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # where locustfile.py is
 import locustfile  # the module, not LLMUser: only PoissonUser is to run
@@ -36,12 +36,11 @@ LATE_S = 0.05  # an arrival sent later than this after its scheduled time counts
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
-    g = parser.add_argument_group("poisson scenario")
-    g.add_argument("--rate", type=float, default=1.0, help="arrivals per second, in total (1)")
-    g.add_argument("--pool-users", type=int, default=64, help="users sending them (64)")
+    parser.add_argument("--rate", type=float, default=1.0, help="arrivals per second, in total (1)")
+    parser.add_argument("--pool-users", type=int, default=64, help="users sending them (64)")
 
 
-class PoissonUser(locustfile.LLMUser):
+class PoissonUser(locustfile.CompletionsUser):
     arrivals = 0  # counters for this process, shared by all users
     late = 0
 
@@ -56,7 +55,6 @@ class PoissonUser(locustfile.LLMUser):
     def wait_time(self) -> float:
         return 0.0  # the task itself sleeps until the next scheduled arrival
 
-    @task
     def arrive(self) -> None:
         delay = self.next_at - time.perf_counter()
         if delay > 0:
@@ -66,6 +64,8 @@ class PoissonUser(locustfile.LLMUser):
         PoissonUser.arrivals += 1
         self.next_at += random.expovariate(1.0 / self.mean_gap)  # scheduled, not after the reply
         self.send_one()
+
+    tasks: ClassVar[list[Any]] = [arrive]
 
 
 @events.test_start.add_listener
