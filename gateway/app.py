@@ -7,14 +7,15 @@ forwarding, telemetry); the rest are ordinary Starlette endpoints.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -90,6 +91,12 @@ class Gateway:
     monitor: Monitor | None = None
     upstream: Upstream | None = None
     api_keys: frozenset[bytes] = frozenset()
+    rid_prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    rid_counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def new_request_id(self) -> str:
+        # A per-process random prefix and a counter: unique, and far cheaper than uuid4.
+        return f"{self.rid_prefix}{next(self.rid_counter):08x}"
 
     def decide(self, req: RouteRequest) -> Decision:
         assert self.monitor is not None
@@ -172,7 +179,7 @@ class ProxyEndpoint:
         gw = self.gw
         started = time.perf_counter()
         headers = dict(scope["headers"])
-        rid = headers.get(b"x-request-id", b"").decode("latin-1") or uuid.uuid4().hex
+        rid = headers.get(b"x-request-id", b"").decode("latin-1") or gw.new_request_id()
         headers[b"x-request-id"] = rid.encode("latin-1")
         extra = [(b"x-request-id", rid.encode("latin-1"))]
         try:
@@ -188,20 +195,23 @@ class ProxyEndpoint:
                 [*extra, *e.headers],
             )
             return
-        # The client may go away at any point: stop the upstream request with it.
-        work = asyncio.ensure_future(
-            self._route_and_forward(model, stream, body, pinned, headers, send, extra, rid, started)
-        )
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        # The client may go away at any point: a watcher cancels this task, and with it the
+        # upstream request. (One extra task, not two and an asyncio.wait: measurably cheaper.)
+        me = asyncio.current_task()
+        assert me is not None
+        gone: list[bool] = []
+        watch = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, me, gone))
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await self._route_and_forward(
+                model, stream, body, pinned, headers, send, extra, rid, started
+            )
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            me.uncancel()
+            log.info("client disconnected", extra={"fields": {"request_id": rid}})
         finally:
             watch.cancel()
-            if not work.done():
-                work.cancel()
-                log.info("client disconnected", extra={"fields": {"request_id": rid}})
-        if not work.cancelled() and (exc := work.exception()) is not None:
-            raise exc
 
     async def _admit(
         self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]
@@ -341,12 +351,16 @@ class ProxyEndpoint:
             )
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def _cancel_on_disconnect(
+    receive: Receive, task: asyncio.Task[Any], gone: list[bool]
+) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    gone.append(True)
+    task.cancel()
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> GatewayApp:
     gw = build_gateway(settings)
 
     async def models(request: Request) -> Response:
@@ -448,17 +462,11 @@ def create_app(settings: Settings) -> Starlette:
             await gw.store.aclose()
             await gw.session.close()
 
+    completions = ProxyEndpoint(gw, "/v1/completions", CompletionBody)
+    chat = ProxyEndpoint(gw, "/v1/chat/completions", ChatBody)
     routes = [
-        Route(
-            "/v1/completions",
-            ProxyEndpoint(gw, "/v1/completions", CompletionBody),
-            methods=["POST"],
-        ),
-        Route(
-            "/v1/chat/completions",
-            ProxyEndpoint(gw, "/v1/chat/completions", ChatBody),
-            methods=["POST"],
-        ),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models),
         Route("/health", health),
         Route("/ready", ready),
@@ -467,4 +475,37 @@ def create_app(settings: Settings) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gw
-    return app
+    return GatewayApp(app, {"/v1/completions": completions, "/v1/chat/completions": chat})
+
+
+class GatewayApp:
+    """The proxy endpoints are answered directly; everything else, lifespan included, goes to
+    Starlette. Starlette's middleware wraps every `send` of every chunk: skipping it on the hot
+    path measurably raised the requests/s one worker carries."""
+
+    def __init__(self, app: Starlette, hot: dict[str, ProxyEndpoint]) -> None:
+        self.app, self.hot = app, hot
+        self.state = app.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or (endpoint := self.hot.get(scope["path"])) is None
+        ):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await endpoint(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unexpected error on %s", scope["path"])
+            if not started:
+                message = "Internal gateway error; see the gateway's log."
+                await _send_json(send, 500, error_body(500, message, "InternalServerError"))

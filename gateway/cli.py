@@ -124,7 +124,15 @@ def _serve(settings: object, banner: Callable[[], None] | None = None) -> None:
             banner()
         await task
 
-    asyncio.run(main())
+    import gc
+
+    import uvloop
+
+    # Objects alive after start-up live for the whole process: keep them out of the collector's
+    # full passes, which otherwise showed up as 30-90 ms stalls in the latency tail.
+    gc.collect()
+    gc.freeze()
+    uvloop.run(main())
     if not server.started:
         raise typer.Exit(1)
 
