@@ -325,7 +325,7 @@ class ProxyEndpoint:
             if out.midstream_error:
                 t.child(t.midstream_errors, tier, b.url).inc()
         if b is not None and out.first_text_at is not None:
-            # Streamed: the gateway's own view of TTFT and TPOT (benchmark-method definitions).
+            # Streamed: the gateway's own TTFT and TPOT (vllm bench serve's definitions).
             t.child(t.ttft, tier, model).observe(out.first_text_at - started)
             tokens = out.output_tokens or out.text_events
             t.child(t.output_tokens, tier, model).inc(tokens)

@@ -1,8 +1,8 @@
 """Locust load test for an OpenAI-compatible completions endpoint (tiergate, vLLM, ...).
 
 Each user is a closed loop: it sends its next request as soon as the last one finished. A request
-streams by default; the user times it on the SSE lines as `vllm bench serve` does (see
-/work/shared/reference/benchmark-method.md and loadtests/client.py):
+streams by default; the user times it on the SSE lines as `vllm bench serve` does (and as
+loadtests/client.py does):
   TTFT = first chunk with text, E2E = last chunk with text, N = usage.completion_tokens,
   TPOT = (E2E - TTFT) / (N - 1).
 Locust's own timing of a streamed POST stops at the response headers, so the three are reported as

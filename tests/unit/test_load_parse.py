@@ -16,7 +16,7 @@ def _floats(spaced: str) -> list[float]:
     return [float(x) for x in spaced.split()]
 
 
-# vLLM's default buckets, as listed in shared/reference/vllm-wire.md.
+# vLLM's default buckets (V1 engine).
 TTFT_BUCKETS = _floats("""0.001 0.005 0.01 0.02 0.04 0.06 0.08 0.1 0.25 0.5 0.75 1.0 2.5 5.0 7.5
     10.0 20.0 40.0 80.0 160.0 640.0 2560.0""")
 ITL_BUCKETS = _floats(
