@@ -1,0 +1,60 @@
+"""The two commands a newcomer runs first: `tiergate up` and `tiergate serve --config`."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engines.sim.launch import free_port, wait_http
+
+pytestmark = pytest.mark.e2e
+MODEL = "meta-llama/Llama-2-7b-chat-hf"
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_up_serves_then_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    port, sim_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--sim-port",
+         str(sim_port), "--throughput", "1", "--speedup", "10", "--logs", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", timeout=30, proc=proc)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"model": MODEL, "prompt": "hi", "max_tokens": 4})  # fmt: skip
+        assert r.status_code == 200
+        assert r.headers["x-tiergate-tier"] == "latency"
+        assert _port_open(sim_port)
+        assert _port_open(sim_port + 1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    text = out.decode()
+    assert "tiergate is up" in text
+    assert "curl" in text
+    assert not _port_open(port)
+    assert not _port_open(sim_port)
+    assert not _port_open(sim_port + 1)
+    assert "Traceback" not in text
+
+
+def test_serve_rejects_a_bad_config_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "tiers.yaml"
+    bad.write_text("tiers:\n  - name: a\n    role: latency\n    backends:\n"
+                   "      - {url: 'ftp://x', models: [m]}\n")  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(bad)],
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 2
+    assert "tiers.0.backends.0.url" in r.stderr
+    assert "Traceback" not in r.stderr
