@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Set as AbstractSet
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from engines.sim.launch import free_port, wait_http
+from engines.sim.launch import free_port, terminate, wait_http
 
 DEBIAN_NGINX = "/usr/sbin/nginx"
 
@@ -156,14 +155,8 @@ class NginxProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                # SIGTERM is nginx's fast shutdown: the master stops its workers and exits.
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(5)
+            # SIGTERM is nginx's fast shutdown: the master stops its workers and exits.
+            terminate(self.proc)
             self.proc = None
         if self.prefix is not None:
             shutil.rmtree(self.prefix, ignore_errors=True)

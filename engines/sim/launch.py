@@ -40,6 +40,17 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | N
     raise TimeoutError(f"{url} did not answer within {timeout}s ({last})")
 
 
+def terminate(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within the grace period."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace_s)
+
+
 @dataclass
 class ManagedProcess:
     """A `tiergate ...` subprocess on a loopback port, ready once `ready_path` answers 200."""
@@ -87,15 +98,8 @@ class ManagedProcess:
             self.proc.wait(5)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc)
         self.proc = None
 
     def __enter__(self) -> Self:
