@@ -1,13 +1,14 @@
 """Engine profiles: the cost model of one simulated engine, as data (profiles/*.yaml).
 
-A step of the engine processes T tokens: every running sequence's decode tokens (1, or k+1 when it
-verifies k speculative drafts) plus the prompt tokens of sequences prefilled in that step. Its
-duration is a roofline: a fixed part (reading the weights, plus the draft passes when speculating),
-a per-token part (KV reads, sampling), and a steeper per-token part past the ridge, where the step
-turns compute-bound:
+A step of the engine processes D decode tokens (1 per running sequence, or k+1 when it verifies k
+speculative drafts) and P prompt tokens of the sequences prefilled in that step. Its duration is a
+roofline on the decode side: a fixed part (reading the weights, plus the draft passes when
+speculating), a per-token part (KV reads, sampling), and a steeper per-token part past the ridge,
+where the batch turns compute-bound; prompt tokens are compute-bound already and cost a flat
+`prefill_per_token_s` each (about 0.1 ms for a 7B model on an A100):
 
-    step = base_s + [prefill_base_s if any prefill] + per_token_s * T
-           + over_ridge_s * max(0, T - ridge_tokens)
+    step = base_s + per_token_s * D + over_ridge_s * max(0, D - ridge_tokens)
+           + prefill_per_token_s * P + [prefill_base_s if P > 0]
 
 `frontend_s` (+ `frontend_per_running_s` x running) is per-request latency spent outside the engine
 loop (HTTP, tokenisation, the API server's queue): it delays the request's arrival at the scheduler
@@ -57,18 +58,18 @@ class Cost(BaseModel):
     base_s: float = Field(ge=0)
     per_token_s: float = Field(ge=0)
     prefill_base_s: float = Field(0.0, ge=0)
+    prefill_per_token_s: float = Field(0.0, ge=0)
     ridge_tokens: float = Field(1e9, gt=0)
     over_ridge_s: float = Field(0.0, ge=0)
     frontend_s: float = Field(0.0, ge=0)
     frontend_per_running_s: float = Field(0.0, ge=0)
 
-    def step_s(self, tokens: int, prefill: bool) -> float:
-        t = (
-            self.base_s
-            + self.per_token_s * tokens
-            + self.over_ridge_s * max(0.0, tokens - self.ridge_tokens)
-        )
-        return t + (self.prefill_base_s if prefill else 0.0)
+    def step_s(self, decode_tokens: int, prefill_tokens: int) -> float:
+        t = self.base_s + self.per_token_s * decode_tokens
+        t += self.over_ridge_s * max(0.0, decode_tokens - self.ridge_tokens)
+        if prefill_tokens:
+            t += self.prefill_base_s + self.prefill_per_token_s * prefill_tokens
+        return t
 
     def frontend_delay_s(self, running: int) -> float:
         return self.frontend_s + self.frontend_per_running_s * running
@@ -82,7 +83,7 @@ class Profile(BaseModel):
     engine: Literal["vllm", "hf"] = "vllm"
     model: str = "meta-llama/Llama-2-7b-chat-hf"
     max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=1)
     max_model_len: int = Field(4096, ge=16)
     block_size: int = Field(16, ge=1)
     num_gpu_blocks: int = Field(2750, ge=1)

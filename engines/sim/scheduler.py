@@ -157,12 +157,12 @@ class Scheduler:
             budget -= tokens
         if not decodes and not prefills:
             return None
-        total = len(decodes) * per_decode + prefill_tokens
+        decode_tokens = len(decodes) * per_decode
         return Step(
             decodes=decodes,
             prefills=prefills,
-            tokens=total,
-            duration=p.cost.step_s(total, prefill=bool(prefills)),
+            tokens=decode_tokens + prefill_tokens,
+            duration=p.cost.step_s(decode_tokens, prefill_tokens),
             started=now,
         )
 

@@ -48,7 +48,7 @@ def single_request_estimate(profile: Profile, prompt: int, output: int) -> float
     c = profile.cost
     per_step = 1 + (profile.speculative.num_speculative_tokens if profile.speculative else 0)
     steps = output / (profile.speculative.mean_tokens_per_step() if profile.speculative else 1)
-    return c.frontend_s + c.step_s(prompt, True) + steps * c.step_s(per_step, False)
+    return c.frontend_s + c.step_s(0, prompt) + steps * c.step_s(per_step, 0)
 
 
 def closed_loop(

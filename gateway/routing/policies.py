@@ -149,7 +149,8 @@ def golden_range(
     params: PolicyParams,
     rng: random.Random,
 ) -> Decision:
-    """The default: latency tier while it is in its golden range, else the throughput pool."""
+    """The default: the latency tier while it is in its golden range; past it, the least-loaded
+    throughput backend, unless the latency tier (below its hard cap) is less loaded still."""
     name = "golden-range"
     eligible = _eligible(req, snap)
     latency = _of_role(eligible, Role.LATENCY)
@@ -168,6 +169,16 @@ def golden_range(
         ordered = _order_latency(latency, snap, params, rng)
         ordered += _order_throughput(throughput, snap, params, rng)
         return _decide(name, req, ordered, Reason.GOLDEN_RANGE, state, snap, params)
+
+    if latency and throughput and not _all_saturated(latency, snap, params):
+        # Past its golden range the latency tier still beats a throughput engine that is more
+        # loaded than it (a speculative batch of 17..hard-cap sequences is faster per token
+        # than a plain one of as many or more), so it shares load instead of idling at the cap.
+        level = min(snap.load(b.url).effective for b in latency)
+        if level < min(snap.load(b.url).effective for b in throughput):
+            ordered = _order_latency(latency, snap, params, rng)
+            ordered += _order_throughput(throughput, snap, params, rng)
+            return _decide(name, req, ordered, Reason.SHARED, state, snap, params)
 
     if not _all_saturated(throughput, snap, params):  # false for an empty pool
         ordered = _order_throughput(throughput, snap, params, rng)

@@ -33,6 +33,7 @@ class Reason(StrEnum):
     GOLDEN_RANGE = "golden_range"  # latency tier below its cap took it
     LATENCY_FULL = "latency_full"  # latency tier at its cap: throughput pool
     HYSTERESIS = "hysteresis"  # latency tier below its cap but not yet reopened
+    SHARED = "shared"  # past the golden range, but less loaded than every throughput backend
     NO_LATENCY = "no_latency"  # no usable latency backend: throughput pool
     OVERFLOW = "overflow"  # throughput pool saturated: latency tier up to its hard cap
     SATURATED = "saturated"  # nowhere has room: the app queues or answers 429

@@ -186,6 +186,31 @@ GOLDEN_CASES = {
         Reason.LATENCY_FULL,
         CLOSED,
     ),
+    "past-golden-range-shares-with-a-busier-pool": Case(
+        # 18 on the latency tier, every throughput backend busier: latency still wins per token.
+        snap((L0, load(18)), (T0, load(20)), (T1, load(25)), (T2, load(22))),
+        [L0, T0, T2, T1],
+        Reason.SHARED,
+        CLOSED,
+    ),
+    "past-golden-range-tie-goes-to-the-pool": Case(
+        snap((L0, load(20)), (T0, load(20)), (T1, load(25)), (T2, load(22))),
+        [T0, T2, T1, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
+    "sharing-stops-at-the-hard-cap": Case(
+        snap((L0, load(24)), (T0, load(30)), (T1, load(31)), (T2, load(40))),
+        [T0, T1, T2, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
+    "sharing-compares-with-the-least-loaded-pool-backend": Case(
+        snap((L0, load(19)), (T0, load(18)), (T1, load(40)), (T2, load(41))),
+        [T0, T1, T2, L0],
+        Reason.LATENCY_FULL,
+        CLOSED,
+    ),
     "latency-only-deployment-overflows": Case(snap((L0, load(17))), [L0], Reason.OVERFLOW, CLOSED),
     "latency-only-deployment-saturated": Case(snap((L0, load(24))), [L0], Reason.SATURATED, CLOSED),
     "unhealthy-latency-skipped": Case(

@@ -9,7 +9,7 @@ import pytest
 from engines.sim.profile import Cost, Profile, Speculative, load_profile
 from engines.sim.scheduler import Scheduler, Sequence
 
-COST = Cost(base_s=0.01, per_token_s=0.0001)
+COST = Cost(base_s=0.01, per_token_s=0.0001, prefill_per_token_s=0.0001)
 
 
 def profile(**kw: object) -> Profile:
@@ -56,7 +56,7 @@ def test_prefill_shares_the_step_and_yields_the_first_token() -> None:
     step = sched.plan(0.0)
     assert step is not None
     assert step.tokens == 50
-    assert step.duration == pytest.approx(COST.step_s(50, prefill=True))
+    assert step.duration == pytest.approx(COST.step_s(0, 50))
     (em,) = sched.commit(step, step.duration)
     assert (em.tokens, a.first_token_at) == (1, step.duration)
     b = Sequence("b", 30, 10, 0.0)
@@ -165,7 +165,7 @@ def test_abort_frees_blocks_and_leaves_the_queue() -> None:
 def test_shipped_profiles_load(name: str) -> None:
     p = load_profile(name)
     assert p.name == name
-    assert p.cost.step_s(1, prefill=False) >= 0
+    assert p.cost.step_s(1, 0) >= 0
 
 
 def test_unknown_profile_names_the_known_ones() -> None:
