@@ -118,8 +118,11 @@ def serve_profile(name: str, speedup: float, via: str) -> Iterator[tuple[str, in
             yield sim.url, sim.pid
         return
     with tempfile.TemporaryDirectory(prefix="tiergate-tables-") as tmp:
+        # The table measures the engine through the gateway, not the gateway's admission
+        # control: it must queue what the engine queues rather than shed it with 429s.
         stack = start_stack(Path(tmp), latency=0, throughput=1, throughput_profile=name,
-                            speedup=speedup, log_level="warning")  # fmt: skip
+                            speedup=speedup, log_level="warning",
+                            policy={"max_waiting": 1_000_000, "queue_deadline_s": 600})  # fmt: skip
         try:
             yield stack.gateway.url, stack.throughput[0].pid
         finally:
