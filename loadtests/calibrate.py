@@ -173,7 +173,9 @@ def run(
                                 _measure(url, c, workload, rpu, stagger, progress, label)
                             )
                         if stats.errors:
-                            console.print(f"[red]{label}: {stats.errors} requests failed")
+                            first = next(r for r in stats.results if not r.ok)
+                            console.print(f"[red]{label}: {stats.errors} requests failed, "
+                                          f"e.g. status {first.status}: {first.error}")  # fmt: skip
                         loops[(name, c)] = stats
                         model = virtual_loop(
                             prof, c, prompt_tokens=workload["prompt_tokens"],

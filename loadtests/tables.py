@@ -101,6 +101,9 @@ async def _cluster_load(url: str, users: int, seconds: float, kill: Any = None,
                     e2e.append(time.perf_counter() - t0)
                 else:
                     failed += 1
+                    # A user whose request failed tries again a little later, as clients do,
+                    # rather than turning a dead site into thousands of instant failures.
+                    await asyncio.sleep(0.5)
 
         async def killer() -> None:
             if kill is not None and kill_at is not None:
