@@ -177,7 +177,7 @@ class MonitorConfig(_Model):
     eject_after_failures: int = Field(default=3, ge=1)
     probe_interval_s: float = Field(default=2.0, gt=0)
     # A backend with work whose generated-token counter stays flat this long is ejected.
-    stall_after_s: float = Field(default=3.0, gt=0)
+    stall_after_s: float = Field(default=5.0, gt=0)
 
 
 def _split_keys(value: Any) -> Any:

@@ -43,7 +43,7 @@ def config(stack: Stack, **settings: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "tiers": tiers,
         "log_level": "info",
-        "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5, "stall_after_s": 1.0},
+        "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5},
     }
     for key, value in settings.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):

@@ -280,7 +280,8 @@ def test_killing_a_throughput_instance_loses_no_request_that_had_not_streamed(
 
 
 def test_a_hung_backend_is_bypassed_within_seconds(tmp_path: Path) -> None:
-    s = start_stack(tmp_path, latency=0, throughput=2, speedup=10)
+    s = start_stack(tmp_path, latency=0, throughput=2, speedup=10,
+                    monitor={"stall_after_s": 1.0})  # fmt: skip
     try:
         gw = s.gateway.url
         hung = s.throughput[0]
