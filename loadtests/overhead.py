@@ -56,6 +56,7 @@ from engines.sim.launch import GatewayProcess, SimProcess, cpu_seconds
 from engines.sim.profile import load_profile
 from loadtests.client import Result, stream_completion
 from loadtests.nginx import NginxProcess, nginx_binary
+from loadtests.summarize import percentile
 
 PROFILE = "instant"
 TARGETS = ("direct", "nginx", "gateway")
@@ -99,17 +100,6 @@ class Options:
 
 
 # --- statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile with linear interpolation between order statistics (numpy's default)."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def _ratio(a: float, b: float) -> float:

@@ -10,7 +10,6 @@ during the phase.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from loadtests.client import Result, prompt_of, stream_completion
+from loadtests.summarize import percentile
 
 STEP: tuple[int, ...] = (1, 16, 32, 64, 16, 1)
 BURST: tuple[int, ...] = (8, 64, 8, 64, 8)
@@ -53,14 +53,6 @@ class PhaseStats:
     tok_s: float
     goodput: float  # requests meeting every SLO, per second
     by_tier: dict[str, int]
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
 async def run_phases(
@@ -137,7 +129,7 @@ def phase_stats(
             tiers[tier] = tiers.get(tier, 0) + 1
         out.append(PhaseStats(
             i, n_users, span, len(done), len(done) - len(ok),
-            pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99),
+            percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99),
             tokens / span, sum(slo.met(r, scale) for r in done) / span, tiers,
         ))  # fmt: skip
     return out
