@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -89,13 +89,11 @@ class Outcome:
     backend: Backend | None = None
     attempts: int = 0
     status: int = 0
-    first_byte_at: float | None = None
     first_text_at: float | None = None
     last_text_at: float | None = None
     output_tokens: int | None = None
     text_events: int = 0
     midstream_error: str | None = None
-    tried: list[str] = field(default_factory=list)
 
 
 def has_text(chunk: bytes) -> bool:
@@ -260,7 +258,6 @@ class Upstream:
     ) -> None:
         url = backend.url
         out.attempts += 1
-        out.tried.append(url)
         task = asyncio.current_task()
         assert task is not None
         waiting = self._waiting.setdefault(url, set())
@@ -305,7 +302,6 @@ class Upstream:
             # First byte in hand: from here on, the client gets what the engine says.
             self.monitor.request_succeeded(url)
             out.backend, out.status = backend, resp.status
-            out.first_byte_at = self.clock()
             headers = [
                 (b"content-type", resp.headers.get("Content-Type", "application/json").encode()),
                 *extra_headers,

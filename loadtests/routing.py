@@ -164,15 +164,23 @@ def _print(console: Console, report: dict[str, Any], slo: Slo) -> None:
                           _ms(s["tpot_p99"]), f"{s['tok_s']:.0f}", f"{s['goodput']:.2f}",
                           tiers, end_section=p == list(data["policies"])[-1])  # fmt: skip
         console.print(t)
-        for i, v in enumerate(data["phase_verdicts"]):
-            if v:
-                console.print(f"  phase {i + 1}: golden-range {v['golden']} SLO-met vs "
-                              f"{v['best_other']} {v['other']} (noise ±{v['noise']}): "
-                              f"{v['text']}")  # fmt: skip
-        w = data["whole_verdict"]
-        if w:
-            console.print(f"  whole run: golden-range {w['golden']} vs {w['best_other']} "
-                          f"{w['other']} (noise ±{w['noise']}): {w['text']}")  # fmt: skip
+        for line in _verdict_lines(data):
+            console.print(f"  {line}")
+
+
+def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
+    """One line per phase and one for the whole run: golden-range vs the best other policy."""
+    b = "**" if bold else ""
+    lines = []
+    for i, v in enumerate(data["phase_verdicts"]):
+        if v:
+            lines.append(f"phase {i + 1} ({data['users'][i]} users): golden-range {v['golden']} "
+                         f"SLO-met vs {v['best_other']} {v['other']} (noise ±{v['noise']}): "
+                         f"{b}{v['text']}{b}")  # fmt: skip
+    if w := data["whole_verdict"]:
+        lines.append(f"whole run: golden-range {w['golden']} vs {w['best_other']} {w['other']} "
+                     f"(noise ±{w['noise']}): {b}{w['text']}{b}")  # fmt: skip
+    return lines
 
 
 def _ms(seconds: float) -> str:
@@ -231,14 +239,6 @@ def _markdown(report: dict[str, Any], slo: Slo, phase_s: float, rounds: int,
                     f"{_ms(s['tpot_p99'])} | {s['tok_s']:.0f} | {s['goodput']:.2f} |"
                 )
         lines.append("")
-        for i, v in enumerate(data["phase_verdicts"]):
-            if v:
-                lines.append(f"- phase {i + 1} ({data['users'][i]} users): golden-range "
-                             f"{v['golden']} SLO-met vs {v['best_other']} {v['other']} "
-                             f"(noise ±{v['noise']}): **{v['text']}**")  # fmt: skip
-        w = data["whole_verdict"]
-        if w:
-            lines.append(f"- whole run: golden-range {w['golden']} vs {w['best_other']} "
-                         f"{w['other']} (noise ±{w['noise']}): **{w['text']}**")  # fmt: skip
+        lines += [f"- {line}" for line in _verdict_lines(data, bold=True)]
         lines.append("")
     return "\n".join(lines)

@@ -56,7 +56,6 @@ class Step:
     prefills: list[Sequence]
     tokens: int
     duration: float
-    started: float
 
 
 @dataclass(slots=True)
@@ -163,7 +162,6 @@ class Scheduler:
             prefills=prefills,
             tokens=decode_tokens + prefill_tokens,
             duration=p.cost.step_s(decode_tokens, prefill_tokens),
-            started=now,
         )
 
     def commit(self, step: Step, now: float) -> list[Emission]:

@@ -162,7 +162,9 @@ def test_side_endpoints_and_metrics(stack: Stack) -> None:
     state = httpx.get(gw + "/state").json()
     assert state["policy"] == "golden-range"
     assert {b["url"] for b in state["backends"]} == {s.url for s in stack.sims}
-    httpx.post(gw + "/v1/completions", json=BODY | {"stream": True})
+    # With usage in the stream the gateway counts exact tokens (without it, chunks).
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    httpx.post(gw + "/v1/completions", json=BODY | usage)
     fams = wait_until(lambda: (f := families(gw)) and total(
         f, "tiergate_backend_up", backend=stack.latency[0].url) and f)  # fmt: skip
     assert total(fams, "tiergate_requests", "tiergate_requests_total", tier="latency") >= 1
