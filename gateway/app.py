@@ -42,6 +42,7 @@ from gateway.schemas import ChatBody, CompletionBody, error_body
 from gateway.settings import Settings
 from gateway.state import InflightStore, make_store
 from gateway.telemetry import Telemetry
+from gateway.triton import Incompatible, incompatibility
 from gateway.upstream import Outcome, Upstream
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,10 @@ class Gateway:
     monitor: Monitor | None = None
     upstream: Upstream | None = None
     api_keys: frozenset[bytes] = frozenset()
+    # Triton backends' URLs, and the (model, pinned role) pairs a backend of another kind
+    # serves: requests Triton's generate API cannot take go elsewhere or get a 400.
+    triton: frozenset[str] = frozenset()
+    generic: frozenset[tuple[str, Role | None]] = frozenset()
     rid_prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     rid_counter: Iterator[int] = field(default_factory=itertools.count)
 
@@ -112,6 +117,13 @@ def build_gateway(settings: Settings) -> Gateway:
         for b in t.backends
     )
     p = settings.policy
+    others = [
+        (m, Role(t.role))
+        for t in settings.tiers
+        for b in t.backends
+        if b.kind != "triton"
+        for m in b.models
+    ]
     return Gateway(
         settings=settings,
         telemetry=Telemetry(),
@@ -130,6 +142,8 @@ def build_gateway(settings: Settings) -> Gateway:
         rng=random.Random(p.seed),
         state=RouterState(),
         api_keys=frozenset(f"Bearer {k.get_secret_value()}".encode() for k in settings.api_keys),
+        triton=frozenset(b.url for t in settings.tiers for b in t.backends if b.kind == "triton"),
+        generic=frozenset([*others, *((m, None) for m, _ in others)]),
     )
 
 
@@ -174,6 +188,7 @@ class ProxyEndpoint:
 
     def __init__(self, gw: Gateway, path: str, schema: type[BaseModel]) -> None:
         self.gw, self.path, self.schema = gw, path, schema
+        self.chat = schema is ChatBody
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -183,7 +198,7 @@ class ProxyEndpoint:
         headers[b"x-request-id"] = rid.encode("latin-1")
         extra = [(b"x-request-id", rid.encode("latin-1"))]
         try:
-            model, stream, body, pinned = await self._admit(scope, receive, headers)
+            model, stream, body, pinned, exclude = await self._admit(scope, receive, headers)
         except ClientError as e:
             gw.telemetry.child(gw.telemetry.rejected, f"http_{e.status}").inc()
             await _send_json(
@@ -203,7 +218,7 @@ class ProxyEndpoint:
         watch = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, me, gone))
         try:
             await self._route_and_forward(
-                model, stream, body, pinned, headers, send, extra, rid, started
+                model, stream, body, pinned, exclude, headers, send, extra, rid, started
             )
         except asyncio.CancelledError:
             if not gone:
@@ -215,7 +230,7 @@ class ProxyEndpoint:
 
     async def _admit(
         self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]
-    ) -> tuple[str, bool, bytes, Role | None]:
+    ) -> tuple[str, bool, bytes, Role | None, frozenset[str]]:
         gw = self.gw
         if gw.api_keys and headers.get(b"authorization") not in gw.api_keys:
             raise ClientError(401, "Missing or invalid API key (Authorization: Bearer ...).")
@@ -254,7 +269,29 @@ class ProxyEndpoint:
                 raise ClientError(
                     400, "x-tiergate-tier must be `latency` or `throughput`.", "x-tiergate-tier"
                 ) from None
-        return model, bool(getattr(parsed, "stream", False)), body, pinned
+        exclude = self._off_triton(data, model, pinned) if gw.triton else frozenset()
+        return model, bool(getattr(parsed, "stream", False)), body, pinned, exclude
+
+    def _off_triton(self, data: dict[str, Any], model: str, pinned: Role | None) -> frozenset[str]:
+        """The Triton backends this request must avoid: all of them for chat (the generate API
+        applies no chat template) and for completions it cannot express (token-id prompts, n>1,
+        echo, logprobs...). A 400 when only Triton backends could ever have served it."""
+        if self.chat:
+            why: Incompatible | None = Incompatible(
+                None,
+                "Chat completions need a chat template, which Triton's generate API does not"
+                " apply; send /v1/completions with a formatted prompt",
+            )
+        else:
+            why = incompatibility(data)
+        if why is None:
+            return frozenset()
+        if (model, pinned) not in self.gw.generic:
+            where = f" in the {pinned.value} tier" if pinned else ""
+            raise ClientError(
+                400, f"{why.message}. Every backend serving `{model}`{where} is Triton.", why.param
+            )
+        return self.gw.triton
 
     async def _route_and_forward(
         self,
@@ -262,6 +299,7 @@ class ProxyEndpoint:
         stream: bool,
         body: bytes,
         pinned: Role | None,
+        exclude: frozenset[str],
         headers: dict[bytes, bytes],
         send: Send,
         extra: list[tuple[bytes, bytes]],
@@ -270,7 +308,7 @@ class ProxyEndpoint:
     ) -> None:
         gw = self.gw
         t = gw.telemetry
-        req = RouteRequest(model, pinned, stream)
+        req = RouteRequest(model, pinned, stream, exclude)
         decision = gw.decide(req)
         if decision.reason == Reason.SATURATED:
             decision = await self._queue(req, decision)
@@ -293,7 +331,7 @@ class ProxyEndpoint:
         t.child(t.decisions, decision.policy, decision.reason, first.role.value).inc()
         assert gw.upstream is not None
         out = await gw.upstream.forward(
-            decision.candidates, self.path, body, stream, headers, send, extra
+            decision.candidates, self.path, body, stream, headers, send, extra, model
         )
         self._record(out, model, first, decision, rid, started)
 

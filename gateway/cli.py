@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,11 @@ def _logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+class SimApi(StrEnum):
+    VLLM = "vllm"
+    TRITON = "triton"
 
 
 @app.command()
@@ -61,6 +67,16 @@ def sim(
         int | None, typer.Option(help="Exit the process after this many requests.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "warning",
+    api: Annotated[
+        SimApi,
+        typer.Option(
+            help="The API to serve: vLLM's OpenAI server, or Triton with the vLLM backend "
+            "(/v2 generate; --model is then the Triton model name, default llama31-8b-awq).",
+        ),
+    ] = SimApi.VLLM,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Triton: serve /metrics on this port only (Triton's 8002).")
+    ] = None,
 ) -> None:
     """Run a simulated vLLM engine: vLLM's OpenAI API and metrics, with a real-time
     continuous-batching scheduler calibrated to the tutorial's tables (no GPU needed)."""
@@ -80,6 +96,16 @@ def sim(
         hang=fault_hang,
         crash_after=fault_crash_after,
     )
+    if api is SimApi.TRITON:
+        from engines.sim import triton
+
+        # Triton has no bearer-token auth: --api-key (or VLLM_API_KEY) does not apply.
+        names = list(model or [TRITON_MODEL])
+        if len(names) != 1 or "/" in names[0]:
+            raise typer.BadParameter("one Triton model name, without '/'", param_hint="--model")
+        tcfg = SimConfig(prof, names, None, speedup, seed, faults)
+        triton.run(tcfg, host=host, port=port, metrics_port=metrics_port, log_level=log_level)
+        return
     cfg = SimConfig(prof, list(model or []), api_key, speedup, seed, faults)
     uvicorn.run(
         create_app(cfg),
@@ -91,6 +117,10 @@ def sim(
         http="httptools",
         timeout_graceful_shutdown=1,
     )
+
+
+# The model name of engines/triton/model_repository (the tutorial's v5 step).
+TRITON_MODEL = "llama31-8b-awq"
 
 
 def _serve(settings: object, banner: Callable[[], None] | None = None) -> None:
@@ -403,6 +433,33 @@ def bench_tables(
     )
     if report["v5"]:
         print_summary(report, console)
+
+
+@bench.command("dashboards")
+def bench_dashboards(
+    out: Annotated[Path, typer.Option(help="Folder for the PNGs and their README.")] = Path(
+        "docs/dashboards"
+    ),
+    seconds: Annotated[
+        float, typer.Option(min=4, help="Length of the step load (four equal phases).")
+    ] = 120.0,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
+    output_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 128,
+    step: Annotated[float, typer.Option(help="query_range step, seconds.")] = 1.0,
+    rate_interval: Annotated[
+        str, typer.Option(help="What $__rate_interval stands for in the panel queries.")
+    ] = "10s",
+) -> None:
+    """Render the Grafana dashboards to PNG without Grafana: a simulated deployment scraped by
+    a real Prometheus (the deployed config and rules) under a step load with injected faults,
+    every panel queried with query_range and plotted in the dashboard's grid."""
+    from rich.console import Console
+
+    from loadtests.dashboards import run
+
+    _logging("warning")
+    run(out, seconds=seconds, speedup=speedup, output_tokens=output_tokens, step=step,
+        rate_interval=rate_interval, console=Console())  # fmt: skip
 
 
 def main() -> None:

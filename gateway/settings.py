@@ -86,10 +86,18 @@ class BackendConfig(_Model):
     api_key: SecretStr | None = None
     models: list[NonEmptyStr] = Field(min_length=1)
     kind: Literal["vllm", "triton"] = "vllm"
+    # Where the monitor reads load; default <url>/metrics. Triton serves metrics on a port of
+    # their own (8002 by default), e.g. http://host:8002/metrics.
+    metrics_url: str | None = None
+    # Triton only: the model repository's name for a model clients ask for (Triton names cannot
+    # contain "/"); a model not listed is asked for under its own name.
+    triton_models: dict[NonEmptyStr, NonEmptyStr] = {}
 
-    @field_validator("url")
+    @field_validator("url", "metrics_url")
     @classmethod
-    def _check_url(cls, value: str) -> str:
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         value = value.strip()
         try:
             parts = urlsplit(value)
@@ -108,6 +116,29 @@ class BackendConfig(_Model):
         if parts.query or parts.fragment:
             raise ValueError("must be a base URL without query or fragment")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_triton_models(self) -> Self:
+        if self.kind != "triton":
+            if self.triton_models:
+                raise _FieldError("triton_models", "only applies to backends of kind triton")
+            return self
+        unknown = sorted(set(self.triton_models) - set(self.models))
+        if unknown:
+            raise _FieldError("triton_models", f"names models not in models: {unknown}")
+        for model in self.models:
+            name = self.triton_models.get(model, model)
+            if "/" in name:
+                raise _FieldError(
+                    "triton_models",
+                    f"Triton model names cannot contain '/': map {model!r} to the name in the"
+                    " model repository",
+                )
+        return self
+
+    @property
+    def scrape_url(self) -> str:
+        return self.metrics_url or self.url + "/metrics"
 
 
 class TierConfig(_Model):

@@ -7,6 +7,10 @@ client until the chosen engine has produced its first body bytes, so until then 
 wait) is retried on the next candidate, with exponential backoff and jitter (tenacity), inside a
 total deadline and a retry budget. After the first byte a failure can only be reported: as an SSE
 `error` event followed by `[DONE]`, the way vLLM reports its own mid-stream errors.
+
+A backend of kind `triton` speaks Triton's generate API instead: a completions request is
+translated for it (gateway.triton) and its replies, JSON and SSE, are translated back, with the
+same retries before the first byte. Requests to vLLM backends never take that path.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from gateway import triton
 from gateway.load.monitor import Monitor
 from gateway.routing import Backend
 from gateway.settings import RetryConfig
@@ -152,6 +157,12 @@ class Upstream:
             total=None, sock_connect=connect_timeout_s, sock_read=request_timeout_s
         )
         self.retry_statuses = frozenset(retry.retry_statuses)
+        # Triton backends: url -> the repository name of each model clients ask for.
+        self._triton: dict[str, dict[str, str]] = {
+            url: {m: st.config.triton_models.get(m, m) for m in st.config.models}
+            for url, st in monitor.status.items()
+            if st.config.kind == "triton"
+        }
         # Attempts still waiting for their first byte, by backend: cancelled when it is ejected.
         self._waiting: dict[str, set[asyncio.Task[Any]]] = {}
         self._ejected_tasks: set[asyncio.Task[Any]] = set()
@@ -190,11 +201,16 @@ class Upstream:
         client_headers: dict[bytes, bytes],
         send: Send,
         extra_headers: list[tuple[bytes, bytes]],
+        model: str = "",
     ) -> Outcome:
-        """Send the request to the candidates in order until one answers; relay its reply."""
+        """Send the request to the candidates in order until one answers; relay its reply.
+        `model` (the name the client asked for) is needed only when a candidate is Triton."""
         out = Outcome()
         self.budget.on_request()
-        args = (path, body, stream, client_headers, send, extra_headers, out)
+        call = None
+        if self._triton and any(c.url in self._triton for c in candidates):
+            call = self._triton_call(body, stream, model, client_headers)
+        args = (path, body, stream, client_headers, send, extra_headers, out, call)
         started = self.clock()
         # The first attempt runs outside tenacity: most requests need no retry, and building
         # the retry machinery for each of them cost a measurable share of the gateway's CPU.
@@ -240,6 +256,17 @@ class Upstream:
         await self._give_up(out, last, send, extra_headers)
         return out
 
+    @staticmethod
+    def _triton_call(
+        body: bytes, stream: bool, model: str, client_headers: dict[bytes, bytes]
+    ) -> triton.Call:
+        # Only completions reach here: the app keeps chat and untranslatable requests off
+        # Triton backends before routing.
+        rid = client_headers.get(b"x-request-id", b"").decode("latin-1")
+        return triton.prepare(
+            json.loads(body), model=model, stream=stream, request_id=rid, created=int(time.time())
+        )
+
     def _failed(self, backend: Backend, e: Retryable, attempt: int) -> None:
         self.telemetry.child(self.telemetry.retries, backend.url, e.reason).inc()
         log.info("attempt failed before first byte", extra={"fields": {
@@ -255,22 +282,29 @@ class Upstream:
         send: Send,
         extra_headers: list[tuple[bytes, bytes]],
         out: Outcome,
+        call: triton.Call | None = None,
     ) -> None:
         url = backend.url
+        names = None if call is None else self._triton.get(url)
         out.attempts += 1
         task = asyncio.current_task()
         assert task is not None
         waiting = self._waiting.setdefault(url, set())
         waiting.add(task)
         self.store.acquire(url)
-        gauge = self.telemetry.child(self.telemetry.inflight, backend.tier, url)
+        gauge = self.telemetry.child(self.telemetry.inflight, backend.role.value, url)
         gauge.inc()
         resp: aiohttp.ClientResponse | None = None
         try:
             try:
+                target, payload = url + path, body
+                if names is not None:
+                    assert call is not None
+                    name = names.get(call.model, call.model)
+                    target, payload = url + call.path(name), call.body
                 resp = await self.session.post(
-                    url + path,
-                    data=body,
+                    target,
+                    data=payload,
                     timeout=self.timeout,
                     headers=self._headers(backend, client_headers),
                 )
@@ -280,6 +314,8 @@ class Upstream:
                     hdrs = [
                         (b"retry-after", v.encode()) for v in resp.headers.getall("Retry-After", [])
                     ]
+                    if names is not None:
+                        data = triton.error_reply(resp.status, data)[1]
                     raise Retryable(f"http_{resp.status}", resp.status, data, hdrs)
                 if stream and resp.status == 200:
                     async with asyncio.timeout(self.retry.first_byte_timeout_s):
@@ -302,8 +338,13 @@ class Upstream:
             # First byte in hand: from here on, the client gets what the engine says.
             self.monitor.request_succeeded(url)
             out.backend, out.status = backend, resp.status
+            ctype = resp.headers.get("Content-Type", "application/json").encode()
+            if names is not None and not (stream and resp.status == 200):
+                assert call is not None
+                out.status, first = call.reply(resp.status, first)
+                ctype = b"application/json"
             headers = [
-                (b"content-type", resp.headers.get("Content-Type", "application/json").encode()),
+                (b"content-type", ctype),
                 *extra_headers,
                 (b"x-tiergate-tier", backend.role.value.encode()),
                 (b"x-tiergate-backend", url.encode()),
@@ -312,12 +353,16 @@ class Upstream:
             if not (stream and resp.status == 200):
                 headers.append((b"content-length", str(len(first)).encode()))
                 await send(
-                    {"type": "http.response.start", "status": resp.status, "headers": headers}
+                    {"type": "http.response.start", "status": out.status, "headers": headers}
                 )
                 await send({"type": "http.response.body", "body": first})
                 return
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await self._relay(resp, first, send, out)
+            if names is None:
+                await self._relay(resp, first, send, out)
+            else:
+                assert call is not None
+                await self._relay_triton(resp, first, send, out, call.stream_translator())
         finally:
             self.store.release(url)
             gauge.dec()
@@ -336,6 +381,10 @@ class Upstream:
                         out.first_text_at = now
                     out.last_text_at = now
                     out.text_events += chunk.count(b"data: ")
+                if b'data: {"error"' in chunk:
+                    # The engine's own mid-stream error event (vLLM's way), relayed as is; it
+                    # can share a read with the last text.
+                    out.midstream_error = "engine_error"
                 if b'"usage"' in chunk and (n := completion_tokens(chunk)) is not None:
                     out.output_tokens = n
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -353,6 +402,41 @@ class Upstream:
                     "body": error_event(f"upstream stream failed: {out.midstream_error}"),
                 }
             )
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _relay_triton(
+        self,
+        resp: aiohttp.ClientResponse,
+        first: bytes,
+        send: Send,
+        out: Outcome,
+        tr: triton.StreamTranslator,
+    ) -> None:
+        """_relay for a Triton stream: every event is translated, and the stream gets the
+        OpenAI ending ([DONE], usage when asked) that Triton does not send."""
+        chunk = first
+        try:
+            while chunk:
+                seen = tr.text_events
+                data = tr.feed(chunk)
+                if tr.text_events != seen:
+                    now = self.clock()
+                    if out.first_text_at is None:
+                        out.first_text_at = now
+                    out.last_text_at = now
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                chunk = await resp.content.readany()
+            tail = tr.close()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            out.midstream_error = type(e).__name__
+            log.warning(
+                "stream broke after first byte",
+                extra={"fields": {"backend": str(resp.url.origin()), "error": out.midstream_error}},
+            )
+            tail = tr.fail(f"upstream stream failed: {out.midstream_error}")
+        out.text_events, out.output_tokens = tr.text_events, tr.completion_tokens
+        await send({"type": "http.response.body", "body": tail, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
     async def _give_up(

@@ -111,14 +111,44 @@ class ManagedProcess:
 
 @dataclass
 class SimProcess(ManagedProcess):
-    """One `tiergate sim` process."""
+    """One `tiergate sim` process; `api="triton"` serves Triton's API instead of vLLM's, with
+    its metrics on `metrics_port` when given (0 = a free port), as Triton does on 8002."""
 
     profile: str = "v3"
     args: Sequence[str] = ()
+    api: str = "vllm"
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.api == "triton" and self.ready_path == "/health":
+            self.ready_path = "/v2/health/ready"
+
+    @property
+    def metrics_url(self) -> str:
+        if self.metrics_port:
+            return f"http://{self.host}:{self.metrics_port}/metrics"
+        return self.url + "/metrics"
 
     def argv(self) -> list[str]:
+        extra: list[str] = []
+        if self.api != "vllm":
+            extra += ["--api", self.api]
+            if self.metrics_port is not None:
+                extra += ["--metrics-port", str(self.metrics_port)]
         return ["sim", "--profile", self.profile, "--port", str(self.port), "--host", self.host,
-                *self.args]  # fmt: skip
+                *extra, *self.args]  # fmt: skip
+
+    def start(self, timeout: float = 20.0) -> Self:
+        if self.api == "triton" and self.metrics_port == 0:
+            self.metrics_port = free_port(self.host)
+        super().start(timeout)
+        if self.metrics_port:
+            try:
+                wait_http(self.metrics_url, timeout, self.proc)
+            except BaseException:
+                self.stop()
+                raise
+        return self
 
 
 @dataclass

@@ -13,7 +13,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -177,9 +177,12 @@ class Simulator:
         )
 
     # -- generation ---------------------------------------------------------------------------
-    async def pieces(self, job: Job) -> AsyncIterator[tuple[str, bool]]:
+    async def pieces(
+        self, job: Job, on_start: Callable[[], None] | None = None
+    ) -> AsyncGenerator[tuple[str, bool], None]:
         """The reply's text, one piece per engine step that advanced it, and whether it is the
-        last piece."""
+        last piece. `on_start` is called when the request is handed to the engine (after the
+        fault delays), which the Triton face reports as the end of its queueing."""
         fault = job.fault
         if fault.crash:
             log.warning("crash fault: exiting")
@@ -192,6 +195,8 @@ class Simulator:
             await asyncio.sleep(fault.slow_first_token_s)
         done = 0
         plan = job.plan
+        if on_start is not None:
+            on_start()
         async for n in self.engine.generate(
             job.rid, job.prompt_tokens, plan.tokens, job.received, plan.finish_reason
         ):

@@ -51,6 +51,8 @@ class BackendStatus:
     progress: float | None = None
     progress_at: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    health_url: str = ""
+    metrics_url: str = ""
 
     @property
     def url(self) -> str:
@@ -85,7 +87,10 @@ class Monitor:
         self.clock = clock
         self.status: dict[str, BackendStatus] = {}
         for b, c in backends:
-            st = BackendStatus(b, c)
+            # Triton answers health at /v2/health/ready (400 when not ready) and serves
+            # metrics on a port of its own, which metrics_url names.
+            health = "/v2/health/ready" if c.kind == "triton" else "/health"
+            st = BackendStatus(b, c, health_url=b.url + health, metrics_url=c.scrape_url)
             if c.api_key is not None:
                 st.headers["Authorization"] = f"Bearer {c.api_key.get_secret_value()}"
             self.status[b.url] = st
@@ -155,14 +160,14 @@ class Monitor:
         try:
             if probing or now >= st.next_probe:
                 async with self.session.get(
-                    st.url + "/health", headers=st.headers, timeout=self._timeout
+                    st.health_url, headers=st.headers, timeout=self._timeout
                 ) as r:
                     await r.read()
                     if r.status != 200:
                         raise _Unhealthy(f"health {r.status}")
                 st.next_probe = now + self.cfg.probe_interval_s
             async with self.session.get(
-                st.url + "/metrics", headers=st.headers, timeout=self._timeout
+                st.metrics_url, headers=st.headers, timeout=self._timeout
             ) as r:
                 if r.status != 200:
                     raise _Unhealthy(f"metrics {r.status}")
@@ -207,7 +212,7 @@ class Monitor:
         st.ejected, st.eject_reason = True, reason
         st.next_probe = self.clock() + self.cfg.probe_interval_s
         b = st.backend
-        self.telemetry.ejections.labels(b.tier, b.url, reason.split("_")[0]).inc()
+        self.telemetry.ejections.labels(b.role.value, b.url, reason.split("_")[0]).inc()
         log.warning("backend ejected", extra={"fields": {"backend": b.url, "reason": reason}})
         for callback in self.on_eject:
             callback(st.url)
@@ -216,14 +221,14 @@ class Monitor:
         t = self.telemetry
         for st in self.status.values():
             b = st.backend
-            t.backend_up.labels(b.tier, b.url).set(0 if st.ejected else 1)
-            t.backend_queue.labels(b.tier, b.url, "running").set(st.running)
-            t.backend_queue.labels(b.tier, b.url, "waiting").set(st.waiting)
-            t.backend_kv.labels(b.tier, b.url).set(st.kv_usage)
+            t.backend_up.labels(b.role.value, b.url).set(0 if st.ejected else 1)
+            t.backend_queue.labels(b.role.value, b.url, "running").set(st.running)
+            t.backend_queue.labels(b.role.value, b.url, "waiting").set(st.waiting)
+            t.backend_kv.labels(b.role.value, b.url).set(st.kv_usage)
             if st.spec_acceptance is not None:
-                t.backend_spec_acceptance.labels(b.tier, b.url).set(st.spec_acceptance)
+                t.backend_spec_acceptance.labels(b.role.value, b.url).set(st.spec_acceptance)
             if st.scraped_at is not None:
-                t.backend_scrape_age.labels(b.tier, b.url).set(now - st.scraped_at)
+                t.backend_scrape_age.labels(b.role.value, b.url).set(now - st.scraped_at)
 
 
 class _Unhealthy(Exception):

@@ -114,9 +114,11 @@ _VLLM_WANTED = frozenset(
         _VLLM_GENERATION,
     }
 )
-# The Triton vLLM backend re-exports some vllm: series labelled `model`; KV usage is the only
-# one we can use, and only when present.
-_TRITON_WANTED = frozenset({_TRITON_PENDING, _TRITON_SUCCESS, _VLLM_KV, _VLLM_KV_OLD})
+# The Triton vLLM backend re-exports vLLM's counters (and, in older versions, its gauges)
+# labelled `model`: KV usage when present, and the generated-token counter the stall check reads.
+_TRITON_WANTED = frozenset(
+    {_TRITON_PENDING, _TRITON_SUCCESS, _VLLM_KV, _VLLM_KV_OLD, _VLLM_GENERATION}
+)
 
 
 def _unescape(value: str) -> str:

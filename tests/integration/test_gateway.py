@@ -165,8 +165,8 @@ def test_side_endpoints_and_metrics(stack: Stack) -> None:
     # With usage in the stream the gateway counts exact tokens (without it, chunks).
     usage = {"stream": True, "stream_options": {"include_usage": True}}
     httpx.post(gw + "/v1/completions", json=BODY | usage)
-    fams = wait_until(lambda: (f := families(gw)) and total(
-        f, "tiergate_backend_up", backend=stack.latency[0].url) and f)  # fmt: skip
+    # An earlier test may have had a backend ejected: wait until all three are back.
+    fams = wait_until(lambda: (f := families(gw)) and total(f, "tiergate_backend_up") == 3 and f)
     assert total(fams, "tiergate_requests", "tiergate_requests_total", tier="latency") >= 1
     assert total(fams, "tiergate_routing_decisions", "tiergate_routing_decisions_total",
                  policy="golden-range", reason="golden_range") >= 1  # fmt: skip
@@ -175,8 +175,24 @@ def test_side_endpoints_and_metrics(stack: Stack) -> None:
     assert total(fams, "tiergate_tpot_seconds", "tiergate_tpot_seconds_count") >= 1
     assert total(fams, "tiergate_output_tokens", "tiergate_output_tokens_total") >= 16
     assert total(fams, "tiergate_backend_up") == 3
+    # `tier` is the role on every metric, whatever the tiers are named in the config.
+    up = [x for x in fams["tiergate_backend_up"] if x.name == "tiergate_backend_up"]
+    assert Counter(x.labels["tier"] for x in up) == {"throughput": 2, "latency": 1}
     assert "tiergate_backend_queue_depth" in fams
     assert "tiergate_backend_kv_usage" in fams
+
+
+def test_an_engine_error_event_mid_stream_is_relayed_and_counted(stack: Stack) -> None:
+    gw = stack.gateway.url
+    before = total(families(gw), "tiergate_midstream_errors", "tiergate_midstream_errors_total")
+    r = httpx.post(gw + "/v1/completions", json=BODY | {"stream": True},
+                   headers={"x-sim-fault": "error-mid"})  # fmt: skip
+    assert r.status_code == 200
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "error" in json.loads(events[-2])
+    after = total(families(gw), "tiergate_midstream_errors", "tiergate_midstream_errors_total")
+    assert after == before + 1
 
 
 def test_client_disconnect_cancels_the_upstream_request(stack: Stack) -> None:

@@ -450,6 +450,10 @@ nv_gpu_utilization{gpu_uuid="GPU-9f0e3c1a-0000-0000-0000-000000000000"} 0.93
 # HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc{model="llama2_awq",version="1"} 0.41
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model="llama2_awq",version="1"} 9000
+vllm:generation_tokens_total{model="llama2_awq",version="2"} 600
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{model="llama2_awq",version="1",le="0.1"} 3
@@ -461,7 +465,9 @@ vllm:time_to_first_token_seconds_sum{model="llama2_awq",version="1"} 12.5
 
 def test_triton_page() -> None:
     assert parse_triton_metrics(TRITON_PAGE) == {
-        "llama2_awq": EngineStats(running=0, waiting=5, kv_usage=0.41, success_total=150),
+        "llama2_awq": EngineStats(
+            running=0, waiting=5, kv_usage=0.41, success_total=150, generation_tokens=9600
+        ),
         "llama2_eagle": EngineStats(running=0, waiting=0, kv_usage=None, success_total=7),
     }
 
