@@ -1,0 +1,175 @@
+"""Every dashboard panel, recording rule and alert returns data from a live stack.
+
+One v4 and two v3 simulators behind a gateway, a real Prometheus with the deployed scrape config
+(loopback targets, 1 s intervals) and rule files, and a short step load with injected faults
+(see loadtests/dashboards.py). Then, through Prometheus' HTTP API, at the end of the load:
+- every panel target of every dashboard, variables at "All", `$__rate_interval` and `$__range`
+  set to the whole load;
+- every recording rule: its recorded series;
+- every alert: its expression with the literal thresholds stripped (the signal it compares),
+  since a healthy short run should not make most of them fire;
+each must return at least one series with a finite value. Finally every dashboard is rendered
+to PNG from `query_range`, as `tiergate bench dashboards` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from loadtests.dashboards import (
+    LoadLog,
+    Window,
+    drive,
+    render,
+    start_demo_stack,
+    step_scenario,
+    wait_targets_up,
+)
+from loadtests.promstack import (
+    NO_PROMETHEUS,
+    PromClient,
+    PrometheusProcess,
+    Rule,
+    Series,
+    load_dashboards,
+    load_rules,
+    local_config,
+    stack_targets,
+    substitute,
+    variable_options,
+    variable_values,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("prometheus") is None, reason=NO_PROMETHEUS),
+]
+
+SPEEDUP = 2.0
+LOAD_SECONDS = 14.0
+DASHBOARDS = tuple(load_dashboards())
+PANEL_QUERIES = tuple(
+    pytest.param(board.name, panel.title, target.expr, target.legend,
+                 id=f"{board.name}/{panel.title}/{target.ref_id}")
+    for board in DASHBOARDS for panel, target in board.queries()
+)  # fmt: skip
+RULES = tuple(load_rules())
+
+
+@dataclass(frozen=True)
+class Observed:
+    client: PromClient
+    log: LoadLog
+    at: float  # evaluation time: just after the load
+
+    @property
+    def span(self) -> str:
+        return f"{math.ceil(self.at - self.log.start)}s"
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    tmp = tmp_path_factory.mktemp("observability")
+    stack = start_demo_stack(tmp, SPEEDUP)
+    try:
+        config = local_config(stack_targets(stack))
+        with PrometheusProcess(tmp / "prometheus", config) as prom:
+            client = PromClient(prom.url)
+            wait_targets_up(client)
+            sc = step_scenario(LOAD_SECONDS, output_tokens=24, sprinkle_s=0.4)
+            log = asyncio.run(drive(stack, sc))
+            time.sleep(2.5)  # the last scrapes and rule evaluations (1 s each)
+            yield Observed(client, log, time.time())
+    finally:
+        stack.stop()
+
+
+def _describe(series: list[Series]) -> str:
+    return f"{len(series)} series, {sum(s.finite for s in series)} finite"
+
+
+def _require_data(what: str, expr: str, series: list[Series]) -> None:
+    assert series, f"{what}: no data from\n  {expr}"
+    assert any(s.finite for s in series), f"{what}: only NaN/Inf from\n  {expr}"
+
+
+def test_load_went_through_every_regime(observed: Observed) -> None:
+    st = observed.log.statuses
+    assert st["load 200"] > 100
+    assert st["load 429"] > 0, st  # saturation
+    for client_error in ("bad_json 400", "unknown_model 404", "too_long 400"):
+        assert st[client_error] > 0, st
+    assert st["engine_error 500"] > 0, st  # failed on every attempt
+    assert [m for _, m in observed.log.marks if "killed" in m or "back" in m] == [
+        "v3-b killed", "v3-b back"]  # fmt: skip
+
+
+def test_targets_carry_the_compose_jobs_and_labels(observed: Observed) -> None:
+    labels = [t["labels"] for t in observed.client.targets()]
+    assert sorted((x["job"], x.get("backend", ""), x.get("tier", "")) for x in labels) == [
+        ("tiergate", "", ""),
+        ("vllm", "v3-a", "throughput"),
+        ("vllm", "v3-b", "throughput"),
+        ("vllm", "v4", "latency"),
+    ]
+
+
+@pytest.mark.parametrize(("board", "panel", "expr", "legend"), PANEL_QUERIES)
+def test_panel_query_returns_data(
+    observed: Observed, board: str, panel: str, expr: str, legend: str
+) -> None:
+    (dashboard,) = [d for d in DASHBOARDS if d.name == board]
+    variables = variable_values(dashboard, observed.client)
+    q = substitute(expr, variables, rate_interval=observed.span, interval="1s",
+                   range_s=observed.at - observed.log.start)  # fmt: skip
+    series = observed.client.query(q, observed.at)
+    print(f"panel {board} / {panel} [{legend}]: {_describe(series)}")
+    _require_data(f"dashboard {board}, panel {panel!r}", q, series)
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if r.kind == "record"], ids=lambda r: r.name)
+def test_recording_rule_returns_data(observed: Observed, rule: Rule) -> None:
+    series = observed.client.query(rule.name, observed.at)
+    print(f"record {rule.name}: {_describe(series)}")
+    _require_data(f"recording rule {rule.name} ({rule.file})", rule.expr, series)
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if r.kind == "alert"], ids=lambda r: r.name)
+def test_alert_signal_returns_data(observed: Observed, rule: Rule) -> None:
+    series = observed.client.query(rule.signal, observed.at)
+    print(f"alert {rule.name}: {rule.signal} -> {_describe(series)}")
+    _require_data(f"alert {rule.name} ({rule.file}), thresholds stripped", rule.signal, series)
+
+
+def test_every_rule_evaluates_without_error(observed: Observed) -> None:
+    loaded = observed.client.rules()
+    assert {r["name"] for r in loaded} == {r.name for r in RULES}
+    bad = [(r["name"], r.get("lastError")) for r in loaded if r["health"] != "ok"]
+    assert not bad
+
+
+def test_template_variables_have_options(observed: Observed) -> None:
+    for board in DASHBOARDS:
+        resolved = {v.name: v.all_value or ".*" for v in board.variables}
+        for v in board.variables:
+            options = variable_options(v, resolved, observed.client)
+            print(f"variable {board.name}/${v.name}: {options}")
+            assert options, f"{board.name}: ${v.name} has no options ({v.query})"
+
+
+def test_dashboards_render(observed: Observed, tmp_path: Path) -> None:
+    w = Window(observed.log.start - 2, observed.at, 1.0, "4s", tuple(observed.log.marks))
+    for board in DASHBOARDS:
+        path = tmp_path / f"{board.name}.png"
+        drawn = render(board, observed.client, w, path)
+        assert path.stat().st_size > 50_000
+        empty = [title for title, n in drawn.items() if n == 0]
+        assert not empty, f"{board.name}: panels without a series over the run: {empty}"
