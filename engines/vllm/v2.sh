@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# v2: vLLM with bf16 weights (PagedAttention + continuous batching), the tutorial's v2.
+#
+#   engines/vllm/v2.sh [extra `vllm serve` flags...]
+#
+# Environment (default):
+#   MODEL                   checkpoint (meta-llama/Llama-3.1-8B-Instruct)
+#   SERVED_MODEL_NAME       name clients send and the gateway routes (meta-llama/Llama-3.1-8B-Instruct)
+#   HOST, PORT              where to listen (0.0.0.0, 8000)
+#   GPU                     CUDA_VISIBLE_DEVICES for this engine (unset: what the process sees)
+#   MAX_MODEL_LEN           context length (4096)
+#   MAX_NUM_SEQS            running-batch limit (256)
+#   GPU_MEMORY_UTILIZATION  share of the GPU's memory for weights + KV cache (0.9)
+#   VLLM                    the vllm command (vllm)
+# Extra arguments are passed to `vllm serve` as they are, after these flags (a repeated flag
+# overrides), e.g. `--load-format dummy` for random weights or `--api-key KEY`.
+set -euo pipefail
+
+MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}
+SERVED_MODEL_NAME=${SERVED_MODEL_NAME:-meta-llama/Llama-3.1-8B-Instruct}
+HOST=${HOST:-0.0.0.0}
+PORT=${PORT:-8000}
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
+MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
+GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
+VLLM=${VLLM:-vllm}
+
+if [[ -n "${GPU:-}" ]]; then
+    export CUDA_VISIBLE_DEVICES=$GPU
+fi
+if ! command -v "$VLLM" >/dev/null; then
+    echo "v2.sh: '$VLLM' not found (pip install vllm, or set VLLM=/path/to/vllm)" >&2
+    exit 127
+fi
+
+exec "$VLLM" serve "$MODEL" \
+    --served-model-name "$SERVED_MODEL_NAME" \
+    --dtype bfloat16 \
+    --max-model-len "$MAX_MODEL_LEN" \
+    --max-num-seqs "$MAX_NUM_SEQS" \
+    --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION" \
+    --host "$HOST" \
+    --port "$PORT" \
+    "$@"
