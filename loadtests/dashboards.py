@@ -562,8 +562,8 @@ def run(
         with console.status("starting the simulators, the gateway and Prometheus..."):
             stack = start_demo_stack(Path(tmp), speedup)
         try:
-            prom = PrometheusProcess(Path(tmp) / "prometheus",
-                                     local_config(stack_targets(stack))).start()  # fmt: skip
+            prom = PrometheusProcess(workdir=Path(tmp) / "prometheus",
+                                     config=local_config(stack_targets(stack))).start()  # fmt: skip
             try:
                 client = PromClient(prom.url)
                 wait_targets_up(client)

@@ -16,7 +16,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,7 +26,7 @@ from typing import Any, Literal, Self
 
 import yaml
 
-from engines.sim.launch import free_port, terminate, wait_http
+from engines.sim.launch import ManagedProcess
 from loadtests.stack import Stack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,33 +90,25 @@ def local_config(
     return cfg
 
 
-@dataclass
-class PrometheusProcess:
-    """A `prometheus` server on a loopback port, its data and log under `workdir`."""
+@dataclass(kw_only=True)
+class PrometheusProcess(ManagedProcess):
+    """A `prometheus` server on a loopback port, its data, config and log under `workdir`."""
 
     workdir: Path
     config: dict[str, Any]
-    port: int = 0
-    host: str = "127.0.0.1"
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    ready_path: str = "/-/ready"
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+    def __post_init__(self) -> None:
+        self.log = self.workdir / "prometheus.log"
 
-    @property
-    def log(self) -> Path:
-        return self.workdir / "prometheus.log"
-
-    def start(self, timeout: float = 30.0) -> Self:
+    def command(self) -> list[str]:
         binary = shutil.which("prometheus")
         if binary is None:
             raise FileNotFoundError(NO_PROMETHEUS)
-        self.port = self.port or free_port(self.host)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         config.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        args = [
+        return [
             binary,
             f"--config.file={config}",
             f"--storage.tsdb.path={self.workdir / 'data'}",
@@ -125,28 +116,9 @@ class PrometheusProcess:
             "--storage.tsdb.retention.time=1d",
             "--log.level=warn",
         ]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        try:
-            wait_http(self.url + "/-/ready", timeout, self.proc)
-        except BaseException as e:
-            self.stop()
-            tail = self.log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"prometheus did not become ready: {e}\n{tail}") from e
-        return self
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            terminate(self.proc)
-        self.proc = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def start(self, timeout: float = 30.0) -> Self:
+        return super().start(timeout)
 
 
 class PromError(RuntimeError):

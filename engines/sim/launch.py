@@ -69,15 +69,28 @@ class ManagedProcess:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "gateway.cli", *self.argv()]
+
     def start(self, timeout: float = 20.0) -> Self:
         if not self.port:
             self.port = free_port(self.host)
-        cmd = [sys.executable, "-m", "gateway.cli", *self.argv()]
+        cmd = self.command()
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
+        )
         try:
             wait_http(self.url + self.ready_path, timeout, self.proc)
+        except Exception as e:
+            self.stop()
+            if self.log is None or not self.log.exists():
+                raise
+            # The process's own last words say why far better than the timeout does.
+            tail = self.log.read_text(errors="replace")[-2000:]
+            name = type(self).__name__
+            raise RuntimeError(f"{name} at {self.url} did not start: {e}\n{tail}") from e
         except BaseException:
             self.stop()
             raise

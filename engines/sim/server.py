@@ -35,6 +35,7 @@ from engines.sim.schemas import ChatCompletionRequest, CompletionRequest
 log = logging.getLogger(__name__)
 VERSION = "0.1.0+tiergate.sim"
 M = TypeVar("M", bound=BaseModel)
+P = TypeVar("P")
 
 
 @dataclass
@@ -259,11 +260,11 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-async def _collect(sim: Simulator, job: Job, request: Request) -> str:
-    """Run a non-streaming request to the end, aborting it if the client goes away."""
+async def collect(pieces: AsyncIterator[P], request: Request) -> list[P]:
+    """Every piece of a non-streamed reply, aborting the request if the client goes away."""
 
-    async def run() -> str:
-        return "".join([piece async for piece, _ in sim.pieces(job)])
+    async def run() -> list[P]:
+        return [piece async for piece in pieces]
 
     work = asyncio.ensure_future(run())
     watch = asyncio.ensure_future(_until_disconnect(request))
@@ -312,7 +313,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         if body.stream:
             return StreamingResponse(_stream(sim, job, body, chunk, None),
                                      media_type="text/event-stream")  # fmt: skip
-        text = await _collect(sim, job, request)
+        text = "".join(piece for piece, _ in await collect(sim.pieces(job), request))
         out = chunk(text, job.plan.finish_reason)
         out["usage"] = sim.usage(job)
         return JSONResponse(out)
@@ -335,7 +336,7 @@ def create_app(cfg: SimConfig) -> Starlette:
             first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
             return StreamingResponse(_stream(sim, job, body, chunk, first),
                                      media_type="text/event-stream")  # fmt: skip
-        text = await _collect(sim, job, request)
+        text = "".join(piece for piece, _ in await collect(sim.pieces(job), request))
         return JSONResponse({
             "id": job.rid, "object": "chat.completion", "created": job.created, "model": job.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
@@ -371,7 +372,7 @@ def create_app(cfg: SimConfig) -> Starlette:
                 changes = json.loads(await request.body())
             except json.JSONDecodeError as e:
                 raise ApiError(400, f"Invalid JSON body: {e}") from None
-            cfg.faults = _merge_faults(cfg.faults, changes)
+            cfg.faults = merge_faults(cfg.faults, changes)
             if cfg.faults.hang:
                 sim.engine.freeze()
         return JSONResponse(cfg.faults.model_dump())
@@ -413,7 +414,7 @@ def _count_completion_prompt(prompt: str | list[str] | list[int] | list[list[int
     return tokens.count_text(first) if isinstance(first, str) else max(1, len(first))  # type: ignore[arg-type]
 
 
-def _merge_faults(current: Faults, changes: Any) -> Faults:
+def merge_faults(current: Faults, changes: Any) -> Faults:
     if not isinstance(changes, dict):
         raise ApiError(400, "Send a JSON object of fault settings.")
     try:

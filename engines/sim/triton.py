@@ -46,7 +46,7 @@ from starlette.routing import Route
 from engines.sim import tokens
 from engines.sim.metrics import EngineMetrics
 from engines.sim.schemas import CompletionRequest
-from engines.sim.server import ApiError, Job, SimConfig, Simulator, _merge_faults
+from engines.sim.server import ApiError, Job, SimConfig, Simulator, collect, merge_faults
 
 log = logging.getLogger(__name__)
 
@@ -456,30 +456,6 @@ class TritonFront:
         return out
 
 
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _collect(
-    pieces: AsyncIterator[tuple[str, bool]], request: Request
-) -> list[tuple[str, bool]]:
-    """Every piece of a reply, aborting the request if the client goes away."""
-
-    async def run() -> list[tuple[str, bool]]:
-        return [piece async for piece in pieces]
-
-    work = asyncio.ensure_future(run())
-    watch = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-    return await work
-
-
 def create_apps(cfg: SimConfig, *, separate_metrics: bool = False) -> tuple[Starlette, Starlette]:
     """The Triton API app and the metrics app. With `separate_metrics` the metrics are only on
     the second app (serve it on its own port, as Triton's 8002); otherwise also at /metrics."""
@@ -518,7 +494,7 @@ def create_apps(cfg: SimConfig, *, separate_metrics: bool = False) -> tuple[Star
         if streaming and gen.stream:
             return await _stream(front, gen, job, books)
         try:
-            pieces = await _collect(sim.pieces(job, on_start=books.start), request)
+            pieces = await collect(sim.pieces(job, on_start=books.start), request)
         except ApiError as e:
             books.end("BACKEND")
             return _error(500, f"Error generating stream: {e.message}", sse=streaming)
@@ -580,7 +556,7 @@ def create_apps(cfg: SimConfig, *, separate_metrics: bool = False) -> tuple[Star
         """Inspect or change the fault settings (chaos tests); not part of Triton's API."""
         if request.method == "POST":
             try:
-                cfg.faults = _merge_faults(cfg.faults, json.loads(await request.body()))
+                cfg.faults = merge_faults(cfg.faults, json.loads(await request.body()))
             except json.JSONDecodeError as e:
                 return _error(400, f"Invalid JSON body: {e}")
             except ApiError as e:

@@ -81,7 +81,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     stack = start_demo_stack(tmp, SPEEDUP)
     try:
         config = local_config(stack_targets(stack))
-        with PrometheusProcess(tmp / "prometheus", config) as prom:
+        with PrometheusProcess(workdir=tmp / "prometheus", config=config) as prom:
             client = PromClient(prom.url)
             wait_targets_up(client)
             sc = step_scenario(LOAD_SECONDS, output_tokens=24, sprinkle_s=0.4)

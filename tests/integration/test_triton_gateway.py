@@ -266,7 +266,8 @@ def test_gateway_reads_triton_load_from_its_metrics_port(d: Deployment) -> None:
     asyncio.run(run())
     assert wait_until(lambda: state(d.mixed)[t]["waiting"] == 0)
     metrics = httpx.get(gw + "/metrics").text
-    assert f'tiergate_backend_queue_depth{{backend="{t}",state="waiting",tier="throughput"}}' in metrics
+    depth = f'tiergate_backend_queue_depth{{backend="{t}",state="waiting",tier="throughput"}}'
+    assert depth in metrics
 
 
 def test_health_is_probed_at_v2_health_ready(d: Deployment) -> None:
