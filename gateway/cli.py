@@ -382,6 +382,27 @@ def bench_overhead(
     run(Options(duration_s=duration, rounds=rounds, rate=rate, wrk_seconds=wrk_seconds, out=out))
 
 
+@bench.command("triton")
+def bench_triton(
+    duration: Annotated[float, typer.Option(help="Seconds per target per round, per cell.")] = 3.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (targets in rotating order).")] = 3,
+    rate: Annotated[
+        float, typer.Option(min=1, help="Aggregate req/s of the paced small-request load.")
+    ] = 300.0,
+    stream_tokens: Annotated[int, typer.Option(min=1, help="Tokens per timed stream.")] = 128,
+    out: Annotated[Path, typer.Option(help="JSON results; the .md is written next to it.")] = Path(
+        "docs/results/triton.json"
+    ),
+) -> None:
+    """What the Triton translation costs: the gateway in front of a Triton-API simulator vs the
+    same gateway in front of the same engine behind vLLM's API, each against its direct target."""
+    from loadtests.tritonbench import Options, run
+
+    _logging("warning")
+    run(Options(duration_s=duration, rounds=rounds, rate=rate, stream_tokens=stream_tokens,
+                out=out))  # fmt: skip
+
+
 @bench.command("clients")
 def bench_clients(
     requests: Annotated[int, typer.Option(min=1, help="Requests per library per round.")] = 3000,

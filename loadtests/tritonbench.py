@@ -1,0 +1,417 @@
+"""`tiergate bench triton`: what translating OpenAI completions to Triton's generate API costs.
+
+Two `instant` simulators run the same engine (no model time), one behind vLLM's OpenAI API and
+one behind Triton's generate API. Four targets:
+
+- `vllm`: the vLLM-API simulator called directly;
+- `gateway->vllm`: a gateway in front of it (the pass-through path: bytes relayed as they come);
+- `triton`: the Triton-API simulator called directly with generate requests;
+- `gateway->triton`: a gateway in front of it, clients speaking OpenAI (every request and every
+  stream event translated).
+
+Each gateway's cost is its latency minus its direct target's; the translation's cost is what the
+Triton path adds beyond what the pass-through path adds. Targets run in rotating order round by
+round and samples pool over rounds, so drift on a shared machine spreads over all of them.
+
+1. Small non-streamed requests: closed loop at 1 connection, open loop (paced, timed from the
+   scheduled start) at more connections.
+2. Streams of `stream_tokens` tokens, closed loop: time to the end of the stream, so every
+   event's relay and translation is in the figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engines.sim.launch import GatewayProcess, SimProcess, cpu_seconds
+from loadtests.overhead import (
+    JSON_HEADERS,
+    PROFILE,
+    Added,
+    Samples,
+    Stat,
+    _finite,
+    _session,
+    closed_small,
+    paced_small,
+    rotation,
+)
+
+MODEL = "tiergate-bench"
+TRITON_MODEL = "bench"
+TARGETS = ("vllm", "gateway->vllm", "triton", "gateway->triton")
+DIRECT = {"gateway->vllm": "vllm", "gateway->triton": "triton"}
+
+
+@dataclass(frozen=True)
+class Options:
+    duration_s: float = 3.0  # per target per round, for each cell
+    rounds: int = 3
+    rate: float = 300.0  # aggregate req/s of the paced load
+    latency_connections: tuple[int, ...] = (1, 64)
+    stream_connections: tuple[int, ...] = (1, 16)
+    stream_tokens: int = 128
+    out: Path = Path("docs/results/triton.json")
+    command: str | None = None
+
+    @property
+    def markdown_path(self) -> Path:
+        return self.out.with_suffix(".md")
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # "small" or "stream"
+    concurrency: int
+    load: str
+    stats: dict[str, Stat]
+    added: dict[str, Added]  # by gateway target, over its direct target
+    translation_p50_ms: float  # added(gateway->triton) - added(gateway->vllm)
+    translation_p99_ms: float
+    # CPU the gateway process spent per request answered, by gateway target: steadier than
+    # latency on a machine whose cores the client and the simulators share.
+    gateway_cpu_ms: dict[str, float]
+
+
+@dataclass
+class Report:
+    command: str
+    date: str
+    machine: str
+    settings: dict[str, Any]
+    cells: list[Cell]
+    events: dict[str, int]  # SSE events in one stream, per target
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        clean: dict[str, Any] = _finite(asdict(self))
+        return clean
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str  # non-streamed requests go here
+    stream_url: str
+    small: bytes
+    stream: bytes
+    pid: int | None = None  # the gateway's process, for CPU accounting
+
+
+def _openai(tokens: int, stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": "hello",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+    }
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps(body).encode()
+
+
+def _generate(tokens: int, stream: bool) -> bytes:
+    params = {
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        "exclude_input_in_output": True,
+        "return_num_output_tokens": True,
+    }
+    return json.dumps({"text_input": "hello", "parameters": params}).encode()
+
+
+def _gateway_config(url: str, kind: str) -> dict[str, Any]:
+    backend: dict[str, Any] = {"url": url, "models": [MODEL], "kind": kind}
+    if kind == "triton":
+        backend["triton_models"] = {MODEL: TRITON_MODEL}
+    return {
+        "tiers": [{"name": "pool", "role": "throughput", "backends": [backend]}],
+        "log_level": "warning",
+    }
+
+
+@contextlib.contextmanager
+def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
+    with contextlib.ExitStack() as stack:
+        vllm = stack.enter_context(
+            SimProcess(profile=PROFILE, log=workdir / "vllm.log", args=["--model", MODEL])
+        )
+        triton = stack.enter_context(
+            SimProcess(
+                profile=PROFILE,
+                api="triton",
+                log=workdir / "triton.log",
+                args=["--model", TRITON_MODEL],
+            )
+        )
+        gateways = {}
+        for kind, sim in (("vllm", vllm), ("triton", triton)):
+            config = workdir / f"gateway-{kind}.yaml"
+            config.write_text(yaml.safe_dump(_gateway_config(sim.url, kind)))
+            gateways[kind] = stack.enter_context(
+                GatewayProcess(config=config, log=workdir / f"gateway-{kind}.log")
+            )
+        small, stream = _openai(4, False), _openai(opts.stream_tokens, True)
+        generate = f"{triton.url}/v2/models/{TRITON_MODEL}/generate"
+        yield [
+            Target(
+                "vllm", vllm.url + "/v1/completions", vllm.url + "/v1/completions", small, stream
+            ),
+            Target(
+                "gateway->vllm",
+                gateways["vllm"].url + "/v1/completions",
+                gateways["vllm"].url + "/v1/completions",
+                small,
+                stream,
+                gateways["vllm"].pid,
+            ),
+            Target(
+                "triton",
+                generate,
+                generate + "_stream",
+                _generate(4, False),
+                _generate(opts.stream_tokens, True),
+            ),
+            Target(
+                "gateway->triton",
+                gateways["triton"].url + "/v1/completions",
+                gateways["triton"].url + "/v1/completions",
+                small,
+                stream,
+                gateways["triton"].pid,
+            ),
+        ]
+
+
+async def _stream_once(session: aiohttp.ClientSession, url: str, payload: bytes) -> int | None:
+    """Read one whole stream; its `data:` events, or None when it failed."""
+    try:
+        async with session.post(url, data=payload, headers=JSON_HEADERS) as resp:
+            body = await resp.read()
+            if resp.status != 200 or b'"error"' in body:
+                return None
+            return body.count(b"data:")
+    except (TimeoutError, aiohttp.ClientError):
+        return None
+
+
+async def closed_streams(url: str, payload: bytes, connections: int, duration_s: float) -> Samples:
+    """`connections` users reading whole streams back to back; a sample is one stream's time."""
+    out = Samples()
+    async with _session(connections) as session:
+        await asyncio.gather(*(_stream_once(session, url, payload) for _ in range(connections)))
+        start = time.perf_counter()
+        deadline = start + duration_s
+
+        async def user() -> None:
+            while (t0 := time.perf_counter()) < deadline:
+                events = await _stream_once(session, url, payload)
+                out.add(events is not None, time.perf_counter() - t0)
+
+        await asyncio.gather(*(user() for _ in range(connections)))
+        out.wall_s = time.perf_counter() - start
+    return out
+
+
+async def _measure(targets: list[Target], opts: Options, progress: Progress) -> Report:
+    by_name = {t.name: t for t in targets}
+    cells = [("small", c) for c in opts.latency_connections]
+    cells += [("stream", c) for c in opts.stream_connections]
+    pooled: dict[tuple[str, int, str], Samples] = {}
+    cpu: dict[tuple[str, int, str], float] = {}
+    events: dict[str, int] = {}
+    async with _session(1) as session:
+        for t in targets:
+            n = await _stream_once(session, t.stream_url, t.stream)
+            if n is None:
+                raise RuntimeError(f"{t.name}: a stream from {t.stream_url} failed")
+            events[t.name] = n
+    task = progress.add_task("triton", total=opts.rounds * len(cells) * len(targets))
+    for r in range(opts.rounds):
+        for kind, c in cells:
+            for name in rotation(TARGETS, r):
+                t = by_name[name]
+                progress.update(
+                    task, description=f"round {r + 1}/{opts.rounds}  {kind} c={c:<4} {name}"
+                )
+                cpu0 = cpu_seconds(t.pid) if t.pid else 0.0
+                if kind == "stream":
+                    s = await closed_streams(t.stream_url, t.stream, c, opts.duration_s)
+                elif c == 1:
+                    s = await closed_small(t.url, t.small, c, opts.duration_s)
+                else:
+                    s = await paced_small(t.url, t.small, c, opts.rate, opts.duration_s)
+                if t.pid:
+                    used = cpu_seconds(t.pid) - cpu0
+                    cpu[(kind, c, name)] = cpu.get((kind, c, name), 0.0) + used
+                into = pooled.setdefault((kind, c, name), Samples())
+                into.values += s.values
+                into.errors += s.errors
+                into.wall_s += s.wall_s
+                progress.advance(task)
+    out: list[Cell] = []
+    for kind, c in cells:
+        stats = {name: Stat.of(pooled[(kind, c, name)]) for name in TARGETS}
+        added = {gw: Added.of(stats[gw], stats[direct]) for gw, direct in DIRECT.items()}
+        load = "closed loop" if kind == "stream" or c == 1 else f"open loop, {opts.rate:g} req/s"
+        out.append(
+            Cell(
+                kind,
+                c,
+                load,
+                stats,
+                added,
+                added["gateway->triton"].p50_ms - added["gateway->vllm"].p50_ms,
+                added["gateway->triton"].p99_ms - added["gateway->vllm"].p99_ms,
+                {
+                    gw: 1000
+                    * cpu.get((kind, c, gw), 0.0)
+                    / max(1, len(pooled[(kind, c, gw)].values))
+                    for gw in DIRECT
+                },
+            )
+        )
+    return Report(
+        command=opts.command or shlex.join(["tiergate", *sys.argv[1:]]),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        machine=f"{platform.machine()}, {_cores()} cores, Python {platform.python_version()}",
+        settings={
+            "duration_s": opts.duration_s,
+            "rounds": opts.rounds,
+            "rate": opts.rate,
+            "stream_tokens": opts.stream_tokens,
+            "profile": PROFILE,
+        },
+        cells=out,
+        events=events,
+    )
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _ms(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.2f}"
+
+
+def _cell_title(c: Cell, tokens: int) -> str:
+    what = "small non-streamed" if c.kind == "small" else f"{tokens}-token streams, whole stream"
+    return f"{what}, {c.concurrency} conn ({c.load})"
+
+
+def _per_event_us(c: Cell, tokens: int) -> float:
+    """The translation's CPU per stream event (one token per event from the simulator)."""
+    return 1000 * (c.gateway_cpu_ms["gateway->triton"] - c.gateway_cpu_ms["gateway->vllm"]) / tokens
+
+
+def markdown(report: Report) -> str:
+    tokens = int(report.settings["stream_tokens"])
+    lines = [
+        "# The Triton translation's cost",
+        "",
+        f"`{report.command}`, {report.date}, {report.machine}. Two `instant` simulators (the "
+        "same engine behind vLLM's API and behind Triton's generate API), each called directly "
+        "and through its own gateway worker; targets in rotating order over "
+        f"{report.settings['rounds']} rounds of {report.settings['duration_s']:g} s per cell. "
+        "Client, simulators and gateways share the machine's cores.",
+        "",
+        "*added* = gateway minus its direct target; *translation* = what the Triton path adds "
+        "beyond the pass-through (vLLM) path. SSE events per stream: "
+        + ", ".join(f"{k} {v}" for k, v in report.events.items())
+        + ".",
+        "",
+    ]
+    for c in report.cells:
+        lines += [
+            f"## {_cell_title(c, tokens)}",
+            "",
+            "| target | n | errors | p50 ms | p99 ms | added p50 ms | added p99 ms |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in TARGETS:
+            s = c.stats[name]
+            a = c.added.get(name)
+            lines.append(
+                f"| {name} | {s.n} | {s.errors} | {_ms(s.p50_ms)} | {_ms(s.p99_ms)} | "
+                f"{_ms(a.p50_ms) if a else ''} | {_ms(a.p99_ms) if a else ''} |"
+            )
+        lines += [
+            "",
+            f"Translation: {_ms(c.translation_p50_ms)} ms p50, {_ms(c.translation_p99_ms)} ms p99."
+            f" Gateway CPU per request: {_ms(c.gateway_cpu_ms['gateway->vllm'])} ms to vLLM,"
+            f" {_ms(c.gateway_cpu_ms['gateway->triton'])} ms to Triton"
+            + (
+                f" ({_per_event_us(c, tokens):.0f} us more per streamed token)."
+                if c.kind == "stream"
+                else "."
+            ),
+            "",
+        ]
+    lines += [*(f"- {n}" for n in report.notes)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_summary(report: Report, console: Console) -> None:
+    tokens = int(report.settings["stream_tokens"])
+    table = Table(title="gateway's added latency, ms (p50 / p99), and the translation's share")
+    cols = ("cell", "gateway->vllm", "gateway->triton", "translation", "CPU ms/req v | t", "n")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "cell" else "right")
+    for c in report.cells:
+        v, t = c.added["gateway->vllm"], c.added["gateway->triton"]
+        table.add_row(
+            f"{'small' if c.kind == 'small' else f'{tokens}-tok stream'} c={c.concurrency}",
+            f"{_ms(v.p50_ms)} / {_ms(v.p99_ms)}",
+            f"{_ms(t.p50_ms)} / {_ms(t.p99_ms)}",
+            f"{_ms(c.translation_p50_ms)} / {_ms(c.translation_p99_ms)}",
+            " | ".join(_ms(c.gateway_cpu_ms[gw]) for gw in DIRECT),
+            str(min(s.n for s in c.stats.values())),
+        )
+    console.print(table)
+
+
+def run(opts: Options, console: Console | None = None) -> Report:
+    console = console or Console()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="tiergate-triton-") as tmp,
+        running_targets(Path(tmp), opts) as targets,
+        Progress(*columns, console=console) as progress,
+    ):
+        report = asyncio.run(_measure(targets, opts, progress))
+    errors = sum(s.errors for c in report.cells for s in c.stats.values())
+    if errors:
+        report.notes.append(f"{errors} requests failed in all (per target in the tables).")
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    opts.markdown_path.write_text(markdown(report))
+    print_summary(report, console)
+    console.print(f"wrote {opts.out} and {opts.markdown_path}")
+    return report
