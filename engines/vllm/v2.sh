@@ -18,27 +18,8 @@ set -euo pipefail
 
 MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}
 SERVED_MODEL_NAME=${SERVED_MODEL_NAME:-meta-llama/Llama-3.1-8B-Instruct}
-HOST=${HOST:-0.0.0.0}
-PORT=${PORT:-8000}
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
-GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
-VLLM=${VLLM:-vllm}
 
-if [[ -n "${GPU:-}" ]]; then
-    export CUDA_VISIBLE_DEVICES=$GPU
-fi
-if ! command -v "$VLLM" >/dev/null; then
-    echo "v2.sh: '$VLLM' not found (pip install vllm, or set VLLM=/path/to/vllm)" >&2
-    exit 127
-fi
-
-exec "$VLLM" serve "$MODEL" \
-    --served-model-name "$SERVED_MODEL_NAME" \
-    --dtype bfloat16 \
-    --max-model-len "$MAX_MODEL_LEN" \
-    --max-num-seqs "$MAX_NUM_SEQS" \
-    --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION" \
-    --host "$HOST" \
-    --port "$PORT" \
-    "$@"
+flags=(--dtype bfloat16)
+# shellcheck source=engines/vllm/_serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/_serve.sh"

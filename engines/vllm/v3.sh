@@ -21,12 +21,7 @@ set -euo pipefail
 MODEL=${MODEL:-hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4}
 SERVED_MODEL_NAME=${SERVED_MODEL_NAME:-meta-llama/Llama-3.1-8B-Instruct}
 QUANTIZATION=${QUANTIZATION:-awq_marlin}
-HOST=${HOST:-0.0.0.0}
-PORT=${PORT:-8000}
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-384}
-GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
-VLLM=${VLLM:-vllm}
 
 case "$QUANTIZATION" in
     awq | awq_marlin) ;;
@@ -35,21 +30,6 @@ case "$QUANTIZATION" in
         exit 2
         ;;
 esac
-if [[ -n "${GPU:-}" ]]; then
-    export CUDA_VISIBLE_DEVICES=$GPU
-fi
-if ! command -v "$VLLM" >/dev/null; then
-    echo "v3.sh: '$VLLM' not found (pip install vllm, or set VLLM=/path/to/vllm)" >&2
-    exit 127
-fi
-
-exec "$VLLM" serve "$MODEL" \
-    --served-model-name "$SERVED_MODEL_NAME" \
-    --quantization "$QUANTIZATION" \
-    --dtype float16 \
-    --max-model-len "$MAX_MODEL_LEN" \
-    --max-num-seqs "$MAX_NUM_SEQS" \
-    --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION" \
-    --host "$HOST" \
-    --port "$PORT" \
-    "$@"
+flags=(--quantization "$QUANTIZATION" --dtype float16)
+# shellcheck source=engines/vllm/_serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/_serve.sh"

@@ -28,12 +28,7 @@ SPEC_METHOD=${SPEC_METHOD:-eagle3}
 NUM_SPECULATIVE_TOKENS=${NUM_SPECULATIVE_TOKENS:-5}
 SERVED_MODEL_NAME=${SERVED_MODEL_NAME:-meta-llama/Llama-3.1-8B-Instruct}
 QUANTIZATION=${QUANTIZATION:-awq_marlin}
-HOST=${HOST:-0.0.0.0}
-PORT=${PORT:-8000}
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-16}
-GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
-VLLM=${VLLM:-vllm}
 
 fail() {
     echo "v4.sh: $*" >&2
@@ -54,21 +49,6 @@ esac
 spec_config=$(printf '{"method":"%s","model":"%s","num_speculative_tokens":%d}' \
     "$SPEC_METHOD" "$DRAFT_MODEL" "$NUM_SPECULATIVE_TOKENS")
 
-if [[ -n "${GPU:-}" ]]; then
-    export CUDA_VISIBLE_DEVICES=$GPU
-fi
-if ! command -v "$VLLM" >/dev/null; then
-    echo "v4.sh: '$VLLM' not found (pip install vllm, or set VLLM=/path/to/vllm)" >&2
-    exit 127
-fi
-
-exec "$VLLM" serve "$MODEL" \
-    --served-model-name "$SERVED_MODEL_NAME" \
-    "${quantization[@]}" \
-    --speculative-config "$spec_config" \
-    --max-model-len "$MAX_MODEL_LEN" \
-    --max-num-seqs "$MAX_NUM_SEQS" \
-    --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION" \
-    --host "$HOST" \
-    --port "$PORT" \
-    "$@"
+flags=("${quantization[@]}" --speculative-config "$spec_config")
+# shellcheck source=engines/vllm/_serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/_serve.sh"
