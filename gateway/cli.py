@@ -119,6 +119,42 @@ def sim(
     )
 
 
+@app.command()
+def hf(
+    model: Annotated[
+        str | None,
+        typer.Option(help="Checkpoint (Hugging Face id or path); omit with --random-weights."),
+    ] = None,
+    random_weights: Annotated[
+        bool, typer.Option(help="Llama-2-7B's architecture with random weights (no download).")
+    ] = False,
+    attn: Annotated[
+        str,
+        typer.Option(help="Attention: eager (the tutorial's v0), sdpa or flash_attention_2 (v1)."),
+    ] = "sdpa",
+    served_model_name: Annotated[
+        str, typer.Option(help="The model name clients send.")
+    ] = "meta-llama/Llama-2-7b-chat-hf",
+    device: Annotated[str, typer.Option(help="torch device.")] = "cuda",
+    max_model_len: Annotated[int, typer.Option(min=2, help="Context length.")] = 4096,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "warning",
+) -> None:
+    """Run the tutorial's v0/v1: transformers `generate`, one request at a time, behind vLLM's
+    OpenAI API and metric names (needs the `hf` extra: torch and transformers)."""
+    if (model is None) == (not random_weights):
+        raise typer.BadParameter("give --model or --random-weights (one of them)")
+    import uvicorn
+
+    from engines.hf.model import TransformersGenerator
+    from engines.hf.server import HFConfig, create_app
+
+    gen = TransformersGenerator(model, attn=attn, device=device, max_model_len=max_model_len)
+    app_ = create_app(HFConfig(gen, served_model_name, attn))
+    uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False)
+
+
 # The model name of engines/triton/model_repository (the tutorial's v5 step).
 TRITON_MODEL = "llama31-8b-awq"
 

@@ -19,7 +19,14 @@ LABELS = ("model_name", "engine")
 class EngineMetrics:
     """One registry per engine: tests and several apps in one process never share state."""
 
-    def __init__(self, profile: Profile, model_name: str) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        block_size: int = 16,
+        num_gpu_blocks: int = 0,
+        speculative_tokens: int | None = None,
+    ) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         lv = {"model_name": model_name, "engine": "0"}
 
@@ -47,7 +54,7 @@ class EngineMetrics:
             ("block_size", "num_gpu_blocks", "engine"),
             registry=r,
         )
-        info.labels(str(profile.block_size), str(profile.num_gpu_blocks), "0").set(1)
+        info.labels(str(block_size), str(num_gpu_blocks), "0").set(1)
 
         self.ttft = hist(
             "vllm:time_to_first_token_seconds",
@@ -104,8 +111,8 @@ class EngineMetrics:
             reason: success.labels(**lv, finished_reason=reason) for reason in FINISHED_REASONS
         }
         self.spec: tuple[Counter, Counter, Counter, list[Counter]] | None = None
-        if profile.speculative:
-            k = profile.speculative.num_speculative_tokens
+        if speculative_tokens:
+            k = speculative_tokens
             per_pos = Counter(
                 "vllm:spec_decode_num_accepted_tokens_per_pos",
                 "Accepted tokens per draft position.",
@@ -124,3 +131,13 @@ class EngineMetrics:
                 ).labels(**lv),
                 [per_pos.labels(**lv, position=str(i)) for i in range(k)],
             )
+
+    @classmethod
+    def of_profile(cls, profile: Profile, model_name: str) -> EngineMetrics:
+        spec = profile.speculative
+        return cls(
+            model_name,
+            block_size=profile.block_size,
+            num_gpu_blocks=profile.num_gpu_blocks,
+            speculative_tokens=spec.num_speculative_tokens if spec else None,
+        )

@@ -73,6 +73,22 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+async def parse_body(request: Request, schema: type[M]) -> M:
+    """A JSON body validated by `schema`, or vLLM's 400 naming the field."""
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"Invalid JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+
+
 @dataclass(slots=True)
 class Job:
     """One admitted request: everything needed to produce its reply."""
@@ -90,25 +106,14 @@ class Job:
 class Simulator:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.metrics = EngineMetrics(cfg.profile, cfg.served_models[0])
+        self.metrics = EngineMetrics.of_profile(cfg.profile, cfg.served_models[0])
         self.engine = AsyncEngine(cfg.profile, self.metrics, speedup=cfg.speedup, seed=cfg.seed)
         self.rng = random.Random(cfg.seed)
         self.requests_seen = 0
 
     # -- request intake -----------------------------------------------------------------------
     async def parse(self, request: Request, schema: type[M]) -> M:
-        try:
-            data = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"Invalid JSON body: {e}") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "The request body must be a JSON object.")
-        try:
-            return schema.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
+        return await parse_body(request, schema)
 
     def model_for(self, requested: str | None) -> str:
         if requested is None:
@@ -255,7 +260,7 @@ async def _stream(
     yield b"data: [DONE]\n\n"
 
 
-async def _until_disconnect(request: Request) -> None:
+async def until_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
@@ -267,7 +272,7 @@ async def collect(pieces: AsyncIterator[P], request: Request) -> list[P]:
         return [piece async for piece in pieces]
 
     work = asyncio.ensure_future(run())
-    watch = asyncio.ensure_future(_until_disconnect(request))
+    watch = asyncio.ensure_future(until_disconnect(request))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
