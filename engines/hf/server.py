@@ -103,8 +103,6 @@ class Engine:
         finally:
             m.running.set(0)
             self.lock.release()
-        m.prompt_tokens.inc(len(job.prompt))
-        m.generation_tokens.inc(n)
         m.success[reason].inc()
         if reason in ("length", "stop"):
             m.e2e.observe(last - job.received)
@@ -139,6 +137,7 @@ class Engine:
         started = time.monotonic()
         m.queue.observe(started - job.received)
         m.running.set(1)
+        m.prompt_tokens.inc(len(job.prompt))
 
         def on_token(token: int) -> None:
             if job.cancel.is_set():
@@ -169,6 +168,9 @@ class Engine:
                     m.itl.observe(now - last)
                 last, n = now, n + 1
                 job.generated = n
+                # Counted as they come, as vLLM does per step: a router that watches this
+                # counter to tell a slow engine from a hung one sees it move.
+                m.generation_tokens.inc()
                 yield token
             finished = True
         finally:

@@ -10,16 +10,18 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import uvicorn
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.hf.model import WordTokenizer
 from engines.hf.server import HFConfig, create_app
-from engines.sim.launch import free_port, wait_http
+from engines.sim.launch import GatewayProcess, free_port, wait_http
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 STEP_S = 0.01
@@ -168,6 +170,11 @@ def test_requests_run_one_at_a_time_and_the_queue_is_visible(server: Server) -> 
             waiting = metric(server.url, "vllm:num_requests_waiting")
             running = metric(server.url, "vllm:num_requests_running")
             assert (running, waiting) == (1, 3)
+            # The token counter moves during a generation, not only at its end (a router
+            # watching it for hung engines must see a slow one progress).
+            before = metric(server.url, "vllm:generation_tokens_total")
+            await asyncio.sleep(5 * STEP_S)
+            assert metric(server.url, "vllm:generation_tokens_total") > before
             return list(await asyncio.gather(*tasks))
 
     ends = sorted(asyncio.run(run()))
@@ -218,3 +225,22 @@ def test_models_and_health(server: Server) -> None:
     assert "sdpa" in httpx.get(server.url + "/version").json()["version"]
     data = httpx.get(server.url + "/v1/models").json()["data"]
     assert [m["id"] for m in data] == [MODEL]
+
+
+def test_the_gateway_routes_to_it_as_to_any_vllm_tier(server: Server, tmp_path: Path) -> None:
+    config = tmp_path / "tiers.yaml"
+    config.write_text(yaml.safe_dump({"tiers": [{"name": "hf", "role": "throughput",
+                                                 "backends": [{"url": server.url,
+                                                               "models": [MODEL]}]}]}))  # fmt: skip
+    with GatewayProcess(config=config, log=tmp_path / "gateway.log") as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x")
+        stream = client.completions.create(model=MODEL, prompt="one two", max_tokens=30,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True})  # fmt: skip
+        chunks = list(stream)
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 30
+        state = httpx.get(gw.url + "/state").json()
+        (backend,) = state["backends"]
+        assert backend["url"] == server.url
+        assert backend["healthy"]
