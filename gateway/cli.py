@@ -150,6 +150,14 @@ def hf(
     from engines.hf.model import TransformersGenerator
     from engines.hf.server import HFConfig, create_app
 
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        typer.echo(f"tiergate hf: {e.name} is not installed: it needs the `hf` extra "
+                   "(.venv/bin/uv sync --inexact --extra hf, or pip install 'tiergate[hf]')",
+                   err=True)  # fmt: skip
+        raise typer.Exit(2) from None
     gen = TransformersGenerator(model, attn=attn, device=device, max_model_len=max_model_len)
     app_ = create_app(HFConfig(gen, served_model_name, attn))
     uvicorn.run(app_, host=host, port=port, log_level=log_level, access_log=False)

@@ -58,3 +58,19 @@ def test_serve_rejects_a_bad_config_naming_the_field(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "tiers.0.backends.0.url" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_hf_says_what_is_missing_instead_of_a_traceback() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed: this checks the message given without it")
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "hf", "--random-weights"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2
+    assert "needs the `hf` extra" in r.stderr
+    assert "Traceback" not in r.stderr
+    both = subprocess.run([sys.executable, "-m", "gateway.cli", "hf"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert both.returncode == 2
+    assert "--random-weights" in both.stderr
