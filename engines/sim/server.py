@@ -182,6 +182,17 @@ class Simulator:
             received=received,
         )
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The engine's loop, for an app's lifespan (frozen from the start with the hang fault)."""
+        self.engine.start()
+        if self.cfg.faults.hang:
+            self.engine.freeze()
+        try:
+            yield
+        finally:
+            await self.engine.stop()
+
     # -- generation ---------------------------------------------------------------------------
     async def pieces(
         self, job: Job, on_start: Callable[[], None] | None = None
@@ -384,11 +395,8 @@ def create_app(cfg: SimConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        sim.engine.start()
-        if cfg.faults.hang:
-            sim.engine.freeze()
-        yield
-        await sim.engine.stop()
+        async with sim.running():
+            yield
 
     routes = [
         Route("/v1/completions", handler(completions), methods=["POST"]),

@@ -571,11 +571,8 @@ def create_apps(cfg: SimConfig, *, separate_metrics: bool = False) -> tuple[Star
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        sim.engine.start()
-        if cfg.faults.hang:
-            sim.engine.freeze()
-        yield
-        await sim.engine.stop()
+        async with sim.running():
+            yield
 
     base = "/v2/models/{model}"
     routes = [
