@@ -20,6 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.hf.model import WordTokenizer
+from engines.hf.probe import probe
 from engines.hf.server import HFConfig, create_app
 from engines.sim.launch import GatewayProcess, free_port, wait_http
 
@@ -244,3 +245,17 @@ def test_the_gateway_routes_to_it_as_to_any_vllm_tier(server: Server, tmp_path: 
         (backend,) = state["backends"]
         assert backend["url"] == server.url
         assert backend["healthy"]
+
+
+def test_the_gpu_probe_against_the_server(server: Server) -> None:
+    # engines/hf/probe.py is what produced docs/results/hf-h200.md's HTTP table on a GPU;
+    # here its client side runs against the pure-Python generator.
+    server.gen.max_model_len = 512  # room for the probe's 50-word prompt and 60 tokens
+    out = probe(server.url, 2, model=MODEL, long=10, short=60)
+    assert [r["chunks"] for r in out["single"]] == [10, 10]
+    assert out["single"][0]["usage"]["completion_tokens"] == 10
+    assert out["single_median"]["tpot_ms"] >= STEP_S * 1000 * 0.5
+    assert len(out["four_concurrent_e2e_s"]) == 4
+    assert any(line.endswith(" 3.0") for line in out["gauges_during"])
+    assert out["non_streamed"]["usage"]["completion_tokens"] == 5
+
