@@ -198,7 +198,7 @@ class ProxyEndpoint:
         headers[b"x-request-id"] = rid.encode("latin-1")
         extra = [(b"x-request-id", rid.encode("latin-1"))]
         try:
-            model, stream, body, pinned, exclude = await self._admit(scope, receive, headers)
+            model, stream, body, data, pinned, exclude = await self._admit(scope, receive, headers)
         except ClientError as e:
             gw.telemetry.child(gw.telemetry.rejected, f"http_{e.status}").inc()
             await _send_json(
@@ -218,7 +218,7 @@ class ProxyEndpoint:
         watch = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, me, gone))
         try:
             await self._route_and_forward(
-                model, stream, body, pinned, exclude, headers, send, extra, rid, started
+                model, stream, body, data, pinned, exclude, headers, send, extra, rid, started
             )
         except asyncio.CancelledError:
             if not gone:
@@ -230,7 +230,7 @@ class ProxyEndpoint:
 
     async def _admit(
         self, scope: Scope, receive: Receive, headers: dict[bytes, bytes]
-    ) -> tuple[str, bool, bytes, Role | None, frozenset[str]]:
+    ) -> tuple[str, bool, bytes, dict[str, Any], Role | None, frozenset[str]]:
         gw = self.gw
         if gw.api_keys and headers.get(b"authorization") not in gw.api_keys:
             raise ClientError(401, "Missing or invalid API key (Authorization: Bearer ...).")
@@ -270,7 +270,7 @@ class ProxyEndpoint:
                     400, "x-tiergate-tier must be `latency` or `throughput`.", "x-tiergate-tier"
                 ) from None
         exclude = self._off_triton(data, model, pinned) if gw.triton else frozenset()
-        return model, bool(getattr(parsed, "stream", False)), body, pinned, exclude
+        return model, bool(getattr(parsed, "stream", False)), body, data, pinned, exclude
 
     def _off_triton(self, data: dict[str, Any], model: str, pinned: Role | None) -> frozenset[str]:
         """The Triton backends this request must avoid: all of them for chat (the generate API
@@ -298,6 +298,7 @@ class ProxyEndpoint:
         model: str,
         stream: bool,
         body: bytes,
+        data: dict[str, Any],
         pinned: Role | None,
         exclude: frozenset[str],
         headers: dict[bytes, bytes],
@@ -331,7 +332,7 @@ class ProxyEndpoint:
         t.child(t.decisions, decision.policy, decision.reason, first.role.value).inc()
         assert gw.upstream is not None
         out = await gw.upstream.forward(
-            decision.candidates, self.path, body, stream, headers, send, extra, model
+            decision.candidates, self.path, body, stream, headers, send, extra, model, data
         )
         self._record(out, model, first, decision, rid, started)
 

@@ -20,7 +20,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,14 +202,16 @@ class Upstream:
         send: Send,
         extra_headers: list[tuple[bytes, bytes]],
         model: str = "",
+        data: Mapping[str, Any] | None = None,
     ) -> Outcome:
         """Send the request to the candidates in order until one answers; relay its reply.
-        `model` (the name the client asked for) is needed only when a candidate is Triton."""
+        `model` (the name the client asked for) and `data` (the body, parsed) are needed only
+        when a candidate is Triton."""
         out = Outcome()
         self.budget.on_request()
         call = None
         if self._triton and any(c.url in self._triton for c in candidates):
-            call = self._triton_call(body, stream, model, client_headers)
+            call = self._triton_call(data or {}, stream, model, client_headers)
         args = (path, body, stream, client_headers, send, extra_headers, out, call)
         started = self.clock()
         # The first attempt runs outside tenacity: most requests need no retry, and building
@@ -258,13 +260,13 @@ class Upstream:
 
     @staticmethod
     def _triton_call(
-        body: bytes, stream: bool, model: str, client_headers: dict[bytes, bytes]
+        data: Mapping[str, Any], stream: bool, model: str, client_headers: dict[bytes, bytes]
     ) -> triton.Call:
         # Only completions reach here: the app keeps chat and untranslatable requests off
         # Triton backends before routing.
         rid = client_headers.get(b"x-request-id", b"").decode("latin-1")
         return triton.prepare(
-            json.loads(body), model=model, stream=stream, request_id=rid, created=int(time.time())
+            data, model=model, stream=stream, request_id=rid, created=int(time.time())
         )
 
     def _failed(self, backend: Backend, e: Retryable, attempt: int) -> None:

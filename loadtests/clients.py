@@ -32,10 +32,17 @@ from rich.table import Table
 
 from engines.sim.launch import SimProcess
 from engines.sim.profile import load_profile
-from loadtests.overhead import PROFILE, event_loop_runner, markdown_table, rotation, small_body
+from loadtests.overhead import (
+    JSON_HEADERS,
+    PROFILE,
+    event_loop_runner,
+    markdown_table,
+    post_ok,
+    rotation,
+    small_body,
+)
 
 LIBRARIES = ("httpx", "aiohttp")
-JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -101,16 +108,8 @@ async def with_aiohttp(url: str, payload: bytes, requests: int, concurrency: int
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def send() -> bool:
-            try:
-                async with session.post(url, data=payload, headers=JSON_HEADERS) as resp:
-                    await resp.read()
-                    return resp.status == 200
-            except (TimeoutError, aiohttp.ClientError):
-                return False
-
-        return await _drive(send, "aiohttp", requests, concurrency)
+        return await _drive(lambda: post_ok(session, url, payload), "aiohttp", requests,
+                            concurrency)  # fmt: skip
 
 
 async def with_httpx(url: str, payload: bytes, requests: int, concurrency: int) -> ClientRun:

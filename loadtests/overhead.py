@@ -316,7 +316,7 @@ def _session(connections: int) -> aiohttp.ClientSession:
     )
 
 
-async def _post(session: aiohttp.ClientSession, url: str, payload: bytes) -> bool:
+async def post_ok(session: aiohttp.ClientSession, url: str, payload: bytes) -> bool:
     try:
         async with session.post(url, data=payload, headers=JSON_HEADERS) as resp:
             await resp.read()
@@ -328,7 +328,7 @@ async def _post(session: aiohttp.ClientSession, url: str, payload: bytes) -> boo
 async def _warm(session: aiohttp.ClientSession, url: str, payload: bytes, n: int) -> None:
     """Open the pool's connections before timing: connection setup is not the per-request cost
     a keep-alive client pays."""
-    await asyncio.gather(*(_post(session, url, payload) for _ in range(n)))
+    await asyncio.gather(*(post_ok(session, url, payload) for _ in range(n)))
 
 
 async def closed_small(url: str, payload: bytes, connections: int, duration_s: float) -> Samples:
@@ -341,7 +341,7 @@ async def closed_small(url: str, payload: bytes, connections: int, duration_s: f
 
         async def user() -> None:
             while (t0 := time.perf_counter()) < deadline:
-                ok = await _post(session, url, payload)
+                ok = await post_ok(session, url, payload)
                 out.add(ok, time.perf_counter() - t0)
 
         await asyncio.gather(*(user() for _ in range(connections)))
@@ -367,7 +367,7 @@ async def paced_small(
             while due < start + duration_s:
                 if (delay := due - time.perf_counter()) > 0:
                     await asyncio.sleep(delay)
-                ok = await _post(session, url, payload)
+                ok = await post_ok(session, url, payload)
                 end = time.perf_counter()
                 out.add(ok, end - due)
                 ends.append(end)

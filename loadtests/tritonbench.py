@@ -173,19 +173,15 @@ def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
                 GatewayProcess(config=config, log=workdir / f"gateway-{kind}.log")
             )
         small, stream = _openai(4, False), _openai(opts.stream_tokens, True)
+
+        def openai_target(name: str, base: str, pid: int | None = None) -> Target:
+            url = base + "/v1/completions"
+            return Target(name, url, url, small, stream, pid)
+
         generate = f"{triton.url}/v2/models/{TRITON_MODEL}/generate"
         yield [
-            Target(
-                "vllm", vllm.url + "/v1/completions", vllm.url + "/v1/completions", small, stream
-            ),
-            Target(
-                "gateway->vllm",
-                gateways["vllm"].url + "/v1/completions",
-                gateways["vllm"].url + "/v1/completions",
-                small,
-                stream,
-                gateways["vllm"].pid,
-            ),
+            openai_target("vllm", vllm.url),
+            openai_target("gateway->vllm", gateways["vllm"].url, gateways["vllm"].pid),
             Target(
                 "triton",
                 generate,
@@ -193,14 +189,7 @@ def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
                 _generate(4, False),
                 _generate(opts.stream_tokens, True),
             ),
-            Target(
-                "gateway->triton",
-                gateways["triton"].url + "/v1/completions",
-                gateways["triton"].url + "/v1/completions",
-                small,
-                stream,
-                gateways["triton"].pid,
-            ),
+            openai_target("gateway->triton", gateways["triton"].url, gateways["triton"].pid),
         ]
 
 

@@ -13,7 +13,6 @@ A `Generator` does the model work; `TransformersGenerator` (engines/hf/model.py)
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from starlette.routing import Route
 
 from engines.sim.metrics import EngineMetrics
 from engines.sim.schemas import ChatCompletionRequest, CompletionRequest
-from engines.sim.server import ApiError, collect, parse_body, until_disconnect
+from engines.sim.server import ApiError, collect, parse_body, sse, until_disconnect
 
 
 class Cancelled(Exception):
@@ -85,7 +84,6 @@ class Engine:
     """Serial generation with vLLM's queue gauges and request metrics."""
 
     def __init__(self, cfg: HFConfig) -> None:
-        self.cfg = cfg
         self.gen = cfg.generator
         self.metrics = EngineMetrics(cfg.served_model)
         self.lock = asyncio.Lock()
@@ -208,10 +206,6 @@ class Engine:
                 "total_tokens": len(job.prompt) + completion}  # fmt: skip
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
 def create_app(cfg: HFConfig) -> Starlette:
     engine = Engine(cfg)
     gen = cfg.generator
@@ -240,17 +234,17 @@ def create_app(cfg: HFConfig) -> Starlette:
                 watch.add_done_callback(lambda _: job.cancel.set())
                 try:
                     if first is not None:
-                        yield _sse(first)
+                        yield sse(first)
                     try:
                         async for text, last in engine.pieces(job):
-                            yield _sse(chunk(text, job.finish_reason if last else None))
+                            yield sse(chunk(text, job.finish_reason if last else None))
                     except ApiError as e:
-                        yield _sse(e.body())
+                        yield sse(e.body())
                     else:
                         if usage:
                             done = {**chunk("", None), "choices": []}
                             done["usage"] = engine.usage(job, job.generated)
-                            yield _sse(done)
+                            yield sse(done)
                     yield b"data: [DONE]\n\n"
                 finally:
                     watch.cancel()

@@ -240,7 +240,7 @@ class Simulator:
                 "total_tokens": job.prompt_tokens + n}  # fmt: skip
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
+def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -256,18 +256,18 @@ async def _stream(
     continuous = bool(opts and opts.continuous_usage_stats)
     try:
         if first is not None:
-            yield _sse(first)
+            yield sse(first)
         async for text, last in sim.pieces(job):
             # As in vLLM, the chunk that carries the last text also carries the finish reason.
             payload = chunk(text, job.plan.finish_reason if last else None)
             if continuous:
                 payload["usage"] = sim.usage(job)
-            yield _sse(payload)
+            yield sse(payload)
         if include_usage:
-            yield _sse({**chunk("", None), "choices": [], "usage": sim.usage(job)})
+            yield sse({**chunk("", None), "choices": [], "usage": sim.usage(job)})
     except ApiError as e:
         sim.metrics.success["error"].inc()
-        yield _sse(e.body())
+        yield sse(e.body())
     yield b"data: [DONE]\n\n"
 
 
