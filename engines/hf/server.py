@@ -28,9 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engines.sim.metrics import EngineMetrics
-from engines.sim.schemas import ChatCompletionRequest, CompletionRequest
-from engines.sim.server import ApiError, collect, parse_body, sse, until_disconnect
+from engines.front.metrics import EngineMetrics
+from engines.front.schemas import ChatCompletionRequest, CompletionRequest
+from engines.front.wire import ApiError, collect, parse_body, sse, until_disconnect
 
 
 class Cancelled(Exception):

@@ -13,12 +13,23 @@ import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engines.sim.metrics import EngineMetrics
+from engines.front.metrics import EngineMetrics
 from engines.sim.profile import Profile
 from engines.sim.scheduler import Emission, Scheduler, Sequence, SpecCounters
 
 # How far behind its schedule the loop may fall before it stops catching up (seconds).
 MAX_LAG_S = 0.05
+
+
+def engine_metrics(profile: Profile, model_name: str) -> EngineMetrics:
+    """vLLM's metrics for an engine of this profile (KV-cache shape, speculative positions)."""
+    spec = profile.speculative
+    return EngineMetrics(
+        model_name,
+        block_size=profile.block_size,
+        num_gpu_blocks=profile.num_gpu_blocks,
+        speculative_tokens=spec.num_speculative_tokens if spec else None,
+    )
 
 
 @dataclass(slots=True, eq=False)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
@@ -25,17 +25,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engines.front.schemas import ChatCompletionRequest, CompletionRequest
+from engines.front.wire import ApiError, collect, parse_body, sse
 from engines.sim import tokens
-from engines.sim.engine import AsyncEngine
+from engines.sim.engine import AsyncEngine, engine_metrics
 from engines.sim.faults import FaultRequest, Faults
-from engines.sim.metrics import EngineMetrics
 from engines.sim.profile import Profile
-from engines.sim.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0+tiergate.sim"
 M = TypeVar("M", bound=BaseModel)
-P = TypeVar("P")
 
 
 @dataclass
@@ -50,43 +49,6 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not self.served_models:
             self.served_models = [self.profile.model]
-
-
-class ApiError(Exception):
-    TYPES: ClassVar[dict[int, str]] = {
-        400: "BadRequestError",
-        404: "NotFoundError",
-        500: "InternalServerError",
-        503: "ServiceUnavailableError",
-    }
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-    def body(self) -> dict[str, Any]:
-        kind = self.TYPES.get(self.status, "BadRequestError")
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.status}}  # fmt: skip
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
-
-
-async def parse_body(request: Request, schema: type[M]) -> M:
-    """A JSON body validated by `schema`, or vLLM's 400 naming the field."""
-    try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"Invalid JSON body: {e}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param) from None
 
 
 @dataclass(slots=True)
@@ -106,7 +68,7 @@ class Job:
 class Simulator:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.metrics = EngineMetrics.of_profile(cfg.profile, cfg.served_models[0])
+        self.metrics = engine_metrics(cfg.profile, cfg.served_models[0])
         self.engine = AsyncEngine(cfg.profile, self.metrics, speedup=cfg.speedup, seed=cfg.seed)
         self.rng = random.Random(cfg.seed)
         self.requests_seen = 0
@@ -240,10 +202,6 @@ class Simulator:
                 "total_tokens": job.prompt_tokens + n}  # fmt: skip
 
 
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
 async def _stream(
     sim: Simulator,
     job: Job,
@@ -269,28 +227,6 @@ async def _stream(
         sim.metrics.success["error"].inc()
         yield sse(e.body())
     yield b"data: [DONE]\n\n"
-
-
-async def until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def collect(pieces: AsyncIterator[P], request: Request) -> list[P]:
-    """Every piece of a non-streamed reply, aborting the request if the client goes away."""
-
-    async def run() -> list[P]:
-        return [piece async for piece in pieces]
-
-    work = asyncio.ensure_future(run())
-    watch = asyncio.ensure_future(until_disconnect(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-    return await work
 
 
 def create_app(cfg: SimConfig) -> Starlette:

@@ -43,10 +43,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from engines.front.metrics import EngineMetrics
+from engines.front.schemas import CompletionRequest
+from engines.front.wire import ApiError, collect
 from engines.sim import tokens
-from engines.sim.metrics import EngineMetrics
-from engines.sim.schemas import CompletionRequest
-from engines.sim.server import ApiError, Job, SimConfig, Simulator, collect, merge_faults
+from engines.sim.server import Job, SimConfig, Simulator, merge_faults
 
 log = logging.getLogger(__name__)
 

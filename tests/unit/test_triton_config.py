@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engines.sim.metrics import EngineMetrics
+from engines.sim.engine import engine_metrics
 from engines.sim.profile import load_profile
 from engines.sim.triton import (
     SAMPLING_FIELDS,
@@ -226,7 +226,7 @@ def test_generate_mapping_errors_are_400(body: bytes, message: str) -> None:
 
 def test_metrics_page_names_and_what_the_gateway_reads() -> None:
     profile = load_profile("v3")
-    engine = EngineMetrics.of_profile(profile, "llama31-8b-awq")
+    engine = engine_metrics(profile, "llama31-8b-awq")
     engine.generation_tokens.inc(7)
     engine.ttft.observe(0.03)
     stats = TritonStats(profile.max_model_len)

@@ -1,4 +1,4 @@
-"""Request bodies the simulator accepts: vLLM's OpenAI protocol, unknown fields allowed."""
+"""Request bodies the engines accept: vLLM's OpenAI protocol, unknown fields allowed."""
 
 from __future__ import annotations
 

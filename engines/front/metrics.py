@@ -1,10 +1,8 @@
-"""The simulator's Prometheus metrics, with vLLM's (V1) names, labels and default buckets."""
+"""The engines' Prometheus metrics, with vLLM's (V1) names, labels and default buckets."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from engines.sim.profile import Profile
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -131,13 +129,3 @@ class EngineMetrics:
                 ).labels(**lv),
                 [per_pos.labels(**lv, position=str(i)) for i in range(k)],
             )
-
-    @classmethod
-    def of_profile(cls, profile: Profile, model_name: str) -> EngineMetrics:
-        spec = profile.speculative
-        return cls(
-            model_name,
-            block_size=profile.block_size,
-            num_gpu_blocks=profile.num_gpu_blocks,
-            speculative_tokens=spec.num_speculative_tokens if spec else None,
-        )
