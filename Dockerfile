@@ -41,6 +41,7 @@ COPY README.md ./
 COPY gateway ./gateway
 COPY engines ./engines
 COPY loadtests ./loadtests
+COPY tiergate ./tiergate
 COPY examples ./examples
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --extra load

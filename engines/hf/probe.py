@@ -89,7 +89,7 @@ def main() -> None:  # pragma: no cover - needs torch and a GPU
     args = parser.parse_args()
     port = free_port()
     log = args.out.with_suffix(".server.log")
-    cmd = [sys.executable, "-m", "gateway.cli", "hf", "--random-weights", "--attn", args.attn,
+    cmd = [sys.executable, "-m", "tiergate", "hf", "--random-weights", "--attn", args.attn,
            "--served-model-name", MODEL, "--port", str(port)]  # fmt: skip
     started = time.monotonic()
     with open(log, "w") as f:

@@ -70,7 +70,7 @@ class ManagedProcess:
         raise NotImplementedError
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "gateway.cli", *self.argv()]
+        return [sys.executable, "-m", "tiergate", *self.argv()]
 
     def start(self, timeout: float = 20.0) -> Self:
         if not self.port:

@@ -25,7 +25,7 @@ def _port_open(port: int) -> bool:
 def test_up_serves_then_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     port, sim_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--sim-port",
+        [sys.executable, "-m", "tiergate", "up", "--port", str(port), "--sim-port",
          str(sim_port), "--throughput", "1", "--speedup", "10", "--logs", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -53,7 +53,7 @@ def test_serve_rejects_a_bad_config_naming_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "tiers.yaml"
     bad.write_text("tiers:\n  - name: a\n    role: latency\n    backends:\n"
                    "      - {url: 'ftp://x', models: [m]}\n")  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "tiergate", "serve", "--config", str(bad)],
                        capture_output=True, text=True, timeout=30)  # fmt: skip
     assert r.returncode == 2
     assert "tiers.0.backends.0.url" in r.stderr
@@ -65,12 +65,12 @@ def test_hf_says_what_is_missing_instead_of_a_traceback() -> None:
 
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed: this checks the message given without it")
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "hf", "--random-weights"],
+    r = subprocess.run([sys.executable, "-m", "tiergate", "hf", "--random-weights"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2
     assert "needs the `hf` extra" in r.stderr
     assert "Traceback" not in r.stderr
-    both = subprocess.run([sys.executable, "-m", "gateway.cli", "hf"],
+    both = subprocess.run([sys.executable, "-m", "tiergate", "hf"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert both.returncode == 2
     assert "--random-weights" in both.stderr

@@ -231,7 +231,7 @@ def test_metrics_on_the_main_port_without_a_metrics_port() -> None:
 
 
 def test_cli_refuses_a_model_name_with_a_slash() -> None:
-    cmd = [sys.executable, "-m", "gateway.cli", "sim", "--api", "triton", "--model", "a/b"]
+    cmd = [sys.executable, "-m", "tiergate", "sim", "--api", "triton", "--model", "a/b"]
     done = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
     assert done.returncode == 2
     assert b"without '/'" in done.stderr

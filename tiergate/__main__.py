@@ -1,0 +1,3 @@
+from tiergate.cli import main
+
+main()
