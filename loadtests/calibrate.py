@@ -29,11 +29,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from engines.sim.fit import METRICS, load_targets
-from engines.sim.launch import SimProcess, cpu_meter
 from engines.sim.profile import load_profile
 from engines.sim.virtual import LoopResult, single_request_estimate
 from engines.sim.virtual import closed_loop as virtual_loop
 from loadtests.client import LoopStats, closed_loop
+from loadtests.procs import SimProcess, cpu_meter
 from loadtests.stack import start_stack
 
 SERIAL_SPEEDUP = 25.0

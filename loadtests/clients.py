@@ -30,7 +30,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from engines.sim.launch import SimProcess
 from engines.sim.profile import load_profile
 from loadtests.overhead import (
     JSON_HEADERS,
@@ -41,6 +40,7 @@ from loadtests.overhead import (
     rotation,
     small_body,
 )
+from loadtests.procs import SimProcess
 
 LIBRARIES = ("httpx", "aiohttp")
 

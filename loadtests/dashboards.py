@@ -30,8 +30,8 @@ import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engines.sim.launch import SimProcess
 from loadtests.client import prompt_of
+from loadtests.procs import SimProcess
 from loadtests.promstack import (
     DASHBOARDS_DIR,
     Dashboard,

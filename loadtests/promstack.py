@@ -26,7 +26,7 @@ from typing import Any, Literal, Self
 
 import yaml
 
-from engines.sim.launch import ManagedProcess
+from loadtests.procs import ManagedProcess
 from loadtests.stack import Stack
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from engines.sim.launch import GatewayProcess, SimProcess
+from loadtests.procs import GatewayProcess, SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 

@@ -43,7 +43,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from engines.sim.launch import GatewayProcess, SimProcess, cpu_seconds
 from loadtests.overhead import (
     JSON_HEADERS,
     PROFILE,
@@ -56,6 +55,7 @@ from loadtests.overhead import (
     paced_small,
     rotation,
 )
+from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds
 
 MODEL = "tiergate-bench"
 TRITON_MODEL = "bench"

@@ -31,11 +31,11 @@ def up(
     from rich.console import Console
     from rich.panel import Panel
 
-    from engines.sim.launch import SimProcess
     from engines.sim.profile import load_profile
     from gateway.cli import run
     from gateway.settings import ConfigError, load_settings
     from gateway.telemetry import setup_logging
+    from loadtests.procs import SimProcess
 
     console = Console(stderr=True)
     setup_logging(log_level, False)

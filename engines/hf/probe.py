@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -22,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from engines.sim.launch import free_port, terminate, wait_http
 
 MODEL = "llama2-7b"
 PROMPT = " ".join(f"word{i}" for i in range(50))
@@ -81,13 +80,44 @@ def probe(url: str, runs: int, *, model: str = MODEL, long: int = 256,
     return out
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_health(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+    """Poll `url` until it answers 200 (loading the model takes a while); fail if `proc` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)
+
+
 def main() -> None:  # pragma: no cover - needs torch and a GPU
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--attn", default="sdpa", help="eager, sdpa or flash_attention_2")
     parser.add_argument("--runs", type=int, default=3, help="sequential 256-token streams")
     parser.add_argument("--out", type=Path, required=True, help="JSON results")
     args = parser.parse_args()
-    port = free_port()
+    port = _free_port()
     log = args.out.with_suffix(".server.log")
     cmd = [sys.executable, "-m", "tiergate", "hf", "--random-weights", "--attn", args.attn,
            "--served-model-name", MODEL, "--port", str(port)]  # fmt: skip
@@ -96,11 +126,11 @@ def main() -> None:  # pragma: no cover - needs torch and a GPU
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", 600, proc)
+        _wait_health(url + "/health", 600, proc)
         ready_s = time.monotonic() - started
         result = {"attn": args.attn, "startup_s": ready_s, **probe(url, args.runs)}
     finally:
-        terminate(proc, 30)
+        _stop(proc, 30)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["single_median"]))
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 import yaml
 
-from engines.sim.launch import GatewayProcess, ManagedProcess, SimProcess
+from loadtests.procs import GatewayProcess, ManagedProcess, SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 NAME = "llama31-8b-awq"  # the model's name in Triton's repository

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engines.sim.launch import SimProcess
 from gateway.load.parse import parse_triton_metrics
+from loadtests.procs import SimProcess
 
 NAME = "llama31-8b-awq"
 OUTPUTS = {"return_finish_reason": True, "return_num_input_tokens": True,

@@ -1,4 +1,5 @@
-"""Start and stop simulator processes (for `tiergate up`, benchmarks and tests)."""
+"""Start and stop `tiergate` processes (simulators, gateways) on loopback ports, for
+`tiergate up`, the benchmarks and the tests."""
 
 from __future__ import annotations
 
