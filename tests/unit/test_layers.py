@@ -1,0 +1,108 @@
+"""The layers: the gateway imports neither the engines nor the load tests (nor the command
+composed above them), and the engines import none of the others. Every module of a package is
+imported in a fresh interpreter, so that nothing another test imported can hide an arrow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ("gateway", "engines", "loadtests", "tiergate")
+# What each package may not import: everything above it, or beside it.
+FORBIDDEN = {
+    "gateway": ("engines", "loadtests", "tiergate"),
+    "engines": ("gateway", "loadtests", "tiergate"),
+}
+
+# Imports the package and every module under it, then lists the forbidden modules loaded, with
+# the module that first asked for each (a meta-path hook notes it; the import goes on as usual).
+PROBE = r"""
+import importlib, json, pkgutil, sys
+
+package, forbidden = sys.argv[1], tuple(sys.argv[2:])
+first = {}
+
+
+class Watch:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in forbidden and top not in first:
+            f = sys._getframe(1)
+            while f is not None and f.f_globals.get("__name__", "").startswith(
+                ("importlib", "_frozen_importlib", "pkgutil")
+            ):
+                f = f.f_back
+            first[top] = [f.f_globals.get("__name__") if f else None, name]
+        return None
+
+
+sys.meta_path.insert(0, Watch)
+errors = {}
+
+
+def failed(name):
+    errors[name] = repr(sys.exc_info()[1])
+
+
+names = [package]
+root = importlib.import_module(package)
+for m in pkgutil.walk_packages(root.__path__, package + ".", onerror=failed):
+    if not m.name.endswith(".__main__"):  # a script: importing it would run the command
+        names.append(m.name)
+for name in names:
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        errors[name] = f"{type(e).__name__}: {e}"
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in forbidden)
+print(json.dumps({"modules": names, "loaded": loaded, "first": first, "errors": errors}))
+"""
+
+
+def probe(package: str, forbidden: tuple[str, ...]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, package, *forbidden],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_every_module_of_the_package_stays_in_its_layer(package: str) -> None:
+    result = probe(package, FORBIDDEN[package])
+    assert len(result["modules"]) > 1, result["modules"]
+    assert not result["errors"], f"modules of {package} that do not import: {result['errors']}"
+    arrows = [f"{by} imports {name}" for by, name in result["first"].values()]
+    assert result["loaded"] == [], f"{package} loads {result['loaded']}: {arrows}"
+
+
+def test_the_probe_sees_an_import_across_layers() -> None:
+    # The command sits above the gateway, so probing it for the gateway must find it.
+    result = probe("tiergate", ("gateway",))
+    assert "gateway.cli" in result["loaded"]
+    assert result["first"]["gateway"][0] == "tiergate.cli"
+
+
+def test_importing_the_gateway_package_loads_no_other_layer() -> None:
+    others = [layer for layer in LAYERS if layer != "gateway"]
+    code = (
+        "import json, sys\nimport gateway\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {others!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
