@@ -10,9 +10,14 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from gateway.exchange import Exchange
+
+log = logging.getLogger("gateway.request")
 
 LATENCY_BUCKETS = (
     0.001,
@@ -213,6 +218,34 @@ class Telemetry:
         if c is None:
             c = self._children[key] = metric.labels(*labels)
         return c
+
+    def record(self, ex: Exchange) -> None:
+        """Metrics and the log line of one proxied request, once it is over."""
+        b, model = ex.backend, ex.model
+        tier = b.role.value if b else "none"
+        self.child(self.requests, tier, b.url if b else "none", model, str(ex.status)).inc()
+        elapsed = time.perf_counter() - ex.started
+        if b is not None:
+            self.child(self.duration, tier, model).observe(elapsed)
+            first = ex.decision.primary
+            if first is not None and b.role != first.role:
+                self.child(self.failovers, first.role.value, tier).inc()
+            if ex.midstream_error:
+                self.child(self.midstream_errors, tier, b.url).inc()
+            if ex.first_text_at is not None:
+                # Streamed: the gateway's own TTFT and TPOT (vllm bench serve's definitions).
+                self.child(self.ttft, tier, model).observe(ex.first_text_at - ex.started)
+                tokens = ex.output_tokens or ex.text_events
+                self.child(self.output_tokens, tier, model).inc(tokens)
+                if tokens > 1 and ex.last_text_at is not None:
+                    tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1)
+                    self.child(self.tpot, tier, model).observe(tpot)
+        if log.isEnabledFor(logging.INFO):
+            d = ex.decision
+            log.info("request", extra={"fields": {
+                "request_id": ex.id, "model": model, "policy": d.policy, "reason": d.reason,
+                "tier": tier, "backend": b.url if b else None, "status": ex.status,
+                "attempts": ex.attempts, "ms": round(elapsed * 1000, 2)}})  # fmt: skip
 
 
 class JsonFormatter(logging.Formatter):

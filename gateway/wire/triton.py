@@ -1,6 +1,7 @@
 """OpenAI `/v1/completions` <-> Triton's generate extension in front of the vLLM backend.
 
-Pure translation, no I/O: upstream.py sends and relays, this module says what the bytes are.
+The translation is pure, no I/O: gateway/upstream.py sends and relays, `TritonAdapter` says
+what the bytes are.
 
 What Triton and its vLLM backend do with a generate request (server http_server.cc and
 vllm_backend src/model.py, src/utils/request.py):
@@ -23,16 +24,27 @@ vllm_backend src/model.py, src/utils/request.py):
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from gateway.errors import error_body, error_json, sse_error
+from gateway.load.parse import EngineStats, parse_triton_metrics
+from gateway.wire import Incompatible
+
+if TYPE_CHECKING:
+    from gateway.exchange import Exchange
+    from gateway.settings import BackendConfig
+
 __all__ = [
+    "ADAPTER",
     "Call",
     "Incompatible",
     "StreamTranslator",
+    "TritonAdapter",
     "error_reply",
     "generate_request",
     "incompatibility",
@@ -82,13 +94,6 @@ _ERRORS: Mapping[int, tuple[int, str]] = MappingProxyType({
     504: (504, "GatewayTimeoutError"),
 })  # fmt: skip
 _BAD_GATEWAY = (502, "BadGatewayError")
-
-
-class Incompatible(NamedTuple):
-    """Why a completions request cannot go to a Triton backend."""
-
-    param: str | None
-    message: str
 
 
 def _unset(value: Any) -> bool:
@@ -168,11 +173,6 @@ def generate_request(data: Mapping[str, Any], *, stream: bool, request_id: str =
     return json.dumps(out, separators=(",", ":")).encode()
 
 
-def _error_body(status: int, message: str, kind: str) -> bytes:
-    err = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return json.dumps(err).encode()
-
-
 def _message(body: bytes) -> str | None:
     """The message of a Triton error body (`{"error": "..."}`, SSE-framed or not)."""
     text = body.strip()
@@ -196,7 +196,7 @@ def error_reply(status: int, body: bytes) -> tuple[int, bytes]:
     elif message.startswith("Request for unknown model"):
         # Triton's 400 for a model it does not have: the gateway's model mapping is wrong.
         code, kind = _BAD_GATEWAY
-    return code, _error_body(code, message, kind)
+    return code, error_json(code, message, kind=kind)
 
 
 def _finish(value: Any) -> str | None:
@@ -262,7 +262,7 @@ class Call:
         if not isinstance(obj, dict) or "error" in obj:
             # A 200 can still carry an error (Triton set the status before it failed).
             message = _message(body) or "Triton sent a reply that is not a generate response"
-            return 502, _error_body(502, message, "BadGatewayError")
+            return 502, error_json(502, message)
         completion = _count(obj.get("num_output_tokens"))
         finish = _finish(obj.get("finish_reason")) or self.inferred_finish(completion)
         out = self.chunk(_text(obj.get("text_output")), finish)
@@ -370,13 +370,11 @@ class StreamTranslator:
 
     def _fail(self, message: str) -> bytes:
         self.error = message
-        return _sse({"error": {"message": message, "type": "InternalServerError", "param": None,
-                               "code": 500}})  # fmt: skip
+        return _sse(error_body(500, message))
 
     def fail(self, message: str) -> bytes:
         """The end of a stream cut by the transport: an error event (vLLM's shape), [DONE]."""
-        err = {"message": message, "type": "BadGatewayError", "param": None, "code": 502}
-        return (b"" if self.error else _sse({"error": err})) + DONE
+        return (b"" if self.error else sse_error(message)) + DONE
 
     def close(self) -> bytes:
         """The end of a stream that Triton closed: the finish reason if it never came, usage
@@ -390,3 +388,85 @@ class StreamTranslator:
                 out.append(_sse({**self.call.chunk("", None), "choices": [], "usage": usage}))
         out.append(DONE)
         return b"".join(out)
+
+
+class _Relay:
+    """A Triton stream as the gateway's StreamRelay."""
+
+    __slots__ = ("tr",)
+
+    def __init__(self, tr: StreamTranslator) -> None:
+        self.tr = tr
+
+    @property
+    def text_events(self) -> int:
+        return self.tr.text_events
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self.tr.completion_tokens
+
+    @property
+    def engine_error(self) -> bool:
+        return self.tr.error is not None
+
+    def feed(self, chunk: bytes) -> tuple[bytes, bool]:
+        seen = self.tr.text_events
+        out = self.tr.feed(chunk)
+        return out, self.tr.text_events != seen
+
+    def close(self) -> bytes:
+        return self.tr.close()
+
+    def fail(self, message: str) -> bytes:
+        return self.tr.fail(message)
+
+
+_CHAT = Incompatible(
+    None,
+    "Chat completions need a chat template, which Triton's generate API does not apply; send"
+    " /v1/completions with a formatted prompt",
+)
+
+
+class TritonAdapter:
+    kind = "triton"
+    label = "Triton"
+    # Triton answers 400 here while a model is not ready.
+    health_path = "/v2/health/ready"
+    restricts = True
+
+    def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:
+        return parse_triton_metrics(text)
+
+    def incompatibility(self, ex: Exchange) -> Incompatible | None:
+        return _CHAT if ex.endpoint.chat else incompatibility(ex.data)
+
+    def _call(self, ex: Exchange) -> Call:
+        # Translated once per request, whichever Triton backend each attempt goes to.
+        call = ex.prepared.get(self.kind)
+        if not isinstance(call, Call):
+            call = ex.prepared[self.kind] = prepare(
+                ex.data, model=ex.model, stream=ex.stream, request_id=ex.id,
+                created=int(time.time()),
+            )  # fmt: skip
+        return call
+
+    def request(self, ex: Exchange, backend: BackendConfig) -> tuple[str, bytes]:
+        call = self._call(ex)
+        return call.path(backend.triton_models.get(ex.model, ex.model)), call.body
+
+    def reply(
+        self, ex: Exchange, status: int, body: bytes, content_type: bytes
+    ) -> tuple[int, bytes, bytes]:
+        status, body = self._call(ex).reply(status, body)
+        return status, body, b"application/json"
+
+    def refused(self, status: int, body: bytes) -> bytes:
+        return error_reply(status, body)[1]
+
+    def relay(self, ex: Exchange) -> _Relay:
+        return _Relay(self._call(ex).stream_translator())
+
+
+ADAPTER = TritonAdapter()

@@ -1,0 +1,68 @@
+"""Admission control: route the exchange, or hold it while every backend is saturated.
+
+A saturated decision (the policy's saturation detector: the latency tier at its hard cap, every
+throughput backend with a long queue) waits until capacity may have freed (a lease given back,
+new load figures from the monitor: the registry's change signal) and is decided again, up to
+`policy.queue_deadline_s`. Then the client gets 429 with Retry-After; with no backend in
+rotation at all, 503.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gateway.errors import GatewayError
+from gateway.exchange import Exchange
+from gateway.registry import ChangeSignal
+from gateway.routing import Decision, Reason, RouteRequest
+from gateway.telemetry import Telemetry
+
+__all__ = ["Admission"]
+
+_RETRY_AFTER = [(b"retry-after", b"1")]
+
+
+class Admission:
+    def __init__(
+        self,
+        decide: Callable[[RouteRequest], Decision],
+        changed: ChangeSignal,
+        deadline_s: float,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.decide, self.changed, self.deadline_s = decide, changed, deadline_s
+        self.telemetry, self.clock = telemetry, clock
+
+    async def admit(self, ex: Exchange) -> Decision:
+        """The decision `ex` goes out with; a GatewayError (429, 503) when it cannot go."""
+        req = ex.route_request()
+        decision = self.decide(req)
+        if decision.reason == Reason.SATURATED:
+            decision = await self._queue(req, decision)
+        ex.decision = decision
+        if not decision.candidates:
+            raise GatewayError(503, f"No healthy backend serves `{ex.model}`.",
+                               headers=_RETRY_AFTER, reason=decision.reason)  # fmt: skip
+        if decision.reason == Reason.SATURATED:
+            raise GatewayError(429, "Every backend is saturated; retry later.",
+                               headers=_RETRY_AFTER, reason=decision.reason)  # fmt: skip
+        t = self.telemetry
+        t.child(t.decisions, decision.policy, decision.reason,
+                decision.candidates[0].role.value).inc()  # fmt: skip
+        return decision
+
+    async def _queue(self, req: RouteRequest, decision: Decision) -> Decision:
+        deadline = self.clock() + self.deadline_s
+        self.telemetry.queued.inc()
+        try:
+            while decision.reason == Reason.SATURATED:
+                left = deadline - self.clock()
+                if left <= 0:
+                    break
+                await self.changed.wait(left)
+                decision = self.decide(req)
+        finally:
+            self.telemetry.queued.dec()
+        return decision

@@ -1,0 +1,70 @@
+"""The request object: one `Exchange` per proxied request, from the first byte read to the
+record written.
+
+Each stage of the path fills in its part and hands the same object on:
+intake (id, headers, body, parsed fields, model, pin, exclusions) -> admission (the routing
+decision) -> upstream (attempts, the backend that answered, status, stream timings, tokens) ->
+telemetry (reads it all). A new per-request fact is a new field here, not a new parameter on
+every function of the path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState
+
+__all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send"]
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# What an exchange holds until routing has decided: no candidates, no policy.
+NO_DECISION = Decision(candidates=(), reason="", policy="", state=RouterState())
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One proxied OpenAI endpoint."""
+
+    path: str  # as the engines serve it, e.g. /v1/completions
+    chat: bool
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    id: str
+    endpoint: Endpoint
+    headers: dict[bytes, bytes]  # the client's, names lower-case (as ASGI gives them)
+    send: Send  # the client's ASGI send
+    started: float  # perf_counter at arrival
+    # -- intake: what the client asked for
+    body: bytes = b""  # forwarded unchanged to pass-through engines
+    data: dict[str, Any] = field(default_factory=dict)  # the body, parsed
+    model: str = ""
+    stream: bool = False
+    pinned: Role | None = None  # x-tiergate-tier
+    exclude: frozenset[str] = frozenset()  # backends that cannot serve this request
+    # Per-request work a wire adapter did once for all attempts (e.g. a translated body).
+    prepared: dict[str, object] = field(default_factory=dict)
+    # -- admission
+    decision: Decision = NO_DECISION
+    # -- upstream: what happened
+    attempts: int = 0
+    backend: Backend | None = None  # the backend whose answer the client got
+    status: int = 0
+    first_text_at: float | None = None  # perf_counter of the first chunk carrying text
+    last_text_at: float | None = None
+    output_tokens: int | None = None  # from the stream's usage, when it had one
+    text_events: int = 0
+    midstream_error: str | None = None
+
+    def route_request(self) -> RouteRequest:
+        """The features routing may look at."""
+        return RouteRequest(self.model, self.pinned, self.stream, self.exclude)
+
+    @property
+    def response_headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers every answer to this request carries, whoever gives it."""
+        return [(b"x-request-id", self.id.encode("latin-1"))]

@@ -1,0 +1,138 @@
+"""Intake: turn what the client sent into an `Exchange`, or a clear OpenAI error.
+
+Authentication, the body (size-limited), JSON, the fields routing needs (validated by the API's
+request models), the model, the `x-tiergate-tier` pin, and the backends of kinds that cannot
+serve this particular request. Every problem is a `GatewayError` with the status and the
+offending `param`; nothing here talks to a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from gateway.api import ChatCompletionRequest, CompletionRequest
+from gateway.errors import GatewayError
+from gateway.exchange import Endpoint, Exchange, Send
+from gateway.registry import Registry
+from gateway.routing import Role
+from gateway.settings import Settings
+
+__all__ = ["Intake", "Receive"]
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+_SCHEMAS: dict[bool, type[BaseModel]] = {False: CompletionRequest, True: ChatCompletionRequest}
+
+
+class Intake:
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.registry = registry
+        self.max_body = settings.max_body_bytes
+        self.api_keys = frozenset(
+            f"Bearer {k.get_secret_value()}".encode() for k in settings.api_keys
+        )
+        # Request ids: a per-process random prefix and a counter; unique, and far cheaper
+        # than uuid4 per request.
+        self._rid_prefix = uuid.uuid4().hex[:16]
+        self._rid_counter: Iterator[int] = itertools.count()
+
+    def new_id(self) -> str:
+        return f"{self._rid_prefix}{next(self._rid_counter):08x}"
+
+    def open(self, endpoint: Endpoint, scope: MutableMapping[str, Any], send: Send) -> Exchange:
+        """The exchange for a request that just arrived (headers only, nothing read yet)."""
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        rid = headers.get(b"x-request-id", b"").decode("latin-1") or self.new_id()
+        headers[b"x-request-id"] = rid.encode("latin-1")
+        return Exchange(rid, endpoint, headers, send, time.perf_counter())
+
+    async def read(self, ex: Exchange, receive: Receive) -> None:
+        """Fill in what the client asked for; a GatewayError if it cannot be served as sent."""
+        if self.api_keys and ex.headers.get(b"authorization") not in self.api_keys:
+            raise GatewayError(401, "Missing or invalid API key (Authorization: Bearer ...).")
+        ex.body = await self._body(ex, receive)
+        try:
+            data = json.loads(ex.body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise GatewayError(400, f"Malformed JSON body: {e}") from None
+        if not isinstance(data, dict):
+            raise GatewayError(400, "The request body must be a JSON object.")
+        try:
+            parsed = _SCHEMAS[ex.endpoint.chat].model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            message = f"{param}: {err['msg']}" if param else err["msg"]
+            raise GatewayError(400, message, param) from None
+        ex.data = data
+        ex.stream = bool(getattr(parsed, "stream", False))
+        ex.model = self._model(getattr(parsed, "model", None))
+        ex.pinned = self._pin(ex.headers.get(b"x-tiergate-tier"))
+        if self.registry.restricted:
+            ex.exclude = self._exclusions(ex)
+
+    async def _body(self, ex: Exchange, receive: Receive) -> bytes:
+        declared = ex.headers.get(b"content-length")
+        if declared and declared.isdigit() and (size := int(declared)) > self.max_body:
+            raise GatewayError(
+                413, f"Request body of {size} bytes exceeds the {self.max_body}-byte limit."
+            )
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise GatewayError(413, f"Request body exceeds the {self.max_body}-byte limit.")
+            parts.append(chunk)
+            if not msg.get("more_body"):
+                return b"".join(parts)
+
+    def _model(self, model: str | None) -> str:
+        models = self.registry.models
+        if model is None:
+            if len(models) != 1:
+                raise GatewayError(400, "model is required.", "model")
+            (model,) = models
+        elif model not in models:
+            raise GatewayError(404, f"The model `{model}` does not exist.", "model")
+        return model
+
+    @staticmethod
+    def _pin(value: bytes | None) -> Role | None:
+        if not value:
+            return None
+        try:
+            return Role(value.decode("latin-1").strip().lower())
+        except ValueError:
+            raise GatewayError(
+                400, "x-tiergate-tier must be `latency` or `throughput`.", "x-tiergate-tier"
+            ) from None
+
+    def _exclusions(self, ex: Exchange) -> frozenset[str]:
+        """Backends of kinds that cannot serve this request (Triton: chat, token-id prompts,
+        n > 1, logprobs...). A 400 saying why when no other backend could ever serve it."""
+        excluded: set[str] = set()
+        for wire, urls in self.registry.restricted:
+            why = wire.incompatibility(ex)
+            if why is None:
+                continue
+            excluded |= urls
+            if not self.registry.serving(ex.model, ex.pinned) - excluded:
+                where = f" in the {ex.pinned.value} tier" if ex.pinned else ""
+                raise GatewayError(
+                    400, f"{why.message}. Every backend serving `{ex.model}`{where} is "
+                    f"{wire.label}.", why.param,
+                )  # fmt: skip
+        return frozenset(excluded)

@@ -1,0 +1,258 @@
+"""The backend registry: each backend's configuration, wire adapter and live status (scraped
+load, health, ejection, in-flight leases), in one place.
+
+The monitor feeds it (scrapes, probes, stalls); the request path asks it: a snapshot for
+routing, a lease per attempt, and the outcome of each attempt. A lease is a context manager, so
+the in-flight count it holds is given back on every exit path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
+from gateway.settings import BackendConfig, Settings
+from gateway.state import InflightStore
+from gateway.telemetry import Telemetry
+from gateway.wire import WireAdapter, adapter
+
+__all__ = ["BackendEntry", "ChangeSignal", "Lease", "LiveStatus", "Registry"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LiveStatus:
+    """What is known about a backend now."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    spec_acceptance: float | None = None
+    scraped_at: float | None = None  # the last good scrape, on the registry's clock
+    request_failures: int = 0  # consecutive attempts that failed before their first byte
+    ejected: bool = False
+    eject_reason: str = ""
+    ejected_at: float = 0.0
+
+
+@dataclass(eq=False)
+class BackendEntry:
+    backend: Backend
+    config: BackendConfig
+    adapter: WireAdapter
+    inflight_gauge: Any  # tiergate_inflight{tier,backend}
+    live: LiveStatus = field(default_factory=LiveStatus)
+    # Attempts holding a lease here that have not had their first byte: an ejection cancels
+    # them so they move on to the next candidate.
+    waiting: set[Lease] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    @property
+    def health_url(self) -> str:
+        return self.backend.url + self.adapter.health_path
+
+    @property
+    def metrics_url(self) -> str:
+        return self.config.scrape_url
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The Authorization header the backend wants from the gateway (may be empty)."""
+        key = self.config.api_key
+        return {} if key is None else {"Authorization": f"Bearer {key.get_secret_value()}"}
+
+
+class ChangeSignal:
+    """Wakes whoever waits for capacity (admission) when some may have freed: a lease given
+    back, or new load figures. Waiters then look again; nothing polls."""
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def notify(self) -> None:
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait(self, seconds: float) -> bool:
+        """Until the next notify (True) or `seconds` have passed (False)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            async with asyncio.timeout(seconds):
+                await fut
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if not fut.done():
+                fut.cancel()
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+
+class Lease:
+    """One attempt's claim on a backend: counted in flight from `with` to its end."""
+
+    __slots__ = ("ejected", "entry", "held", "registry", "task")
+
+    def __init__(self, registry: Registry, entry: BackendEntry, task: asyncio.Task[Any]) -> None:
+        self.registry, self.entry, self.task = registry, entry, task
+        self.ejected = False  # set when the backend's ejection cancelled this attempt
+        self.held = False
+
+    def __enter__(self) -> Lease:
+        e = self.entry
+        self.registry.store.acquire(e.url)
+        e.inflight_gauge.inc()
+        e.waiting.add(self)
+        self.held = True
+        return self
+
+    def first_byte(self) -> None:
+        """The engine answered: an ejection no longer moves this attempt elsewhere."""
+        self.entry.waiting.discard(self)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.held:
+            return
+        self.held = False
+        e = self.entry
+        e.waiting.discard(self)
+        self.registry.store.release(e.url)
+        e.inflight_gauge.dec()
+        self.registry.changed.notify()
+
+
+class Registry:
+    def __init__(
+        self,
+        settings: Settings,
+        store: InflightStore,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.telemetry, self.clock = store, telemetry, clock
+        self.eject_after_failures = settings.monitor.eject_after_failures
+        # A scrape older than three intervals is old news: routing then trusts only the
+        # gateway's own in-flight counts.
+        self.stale_after = 3 * settings.monitor.scrape_interval_s
+        self.entries: dict[str, BackendEntry] = {}
+        for tier in settings.tiers:
+            for cfg in tier.backends:
+                b = Backend(cfg.url, tier.name, Role(tier.role), frozenset(cfg.models))
+                gauge = telemetry.inflight.labels(b.role.value, b.url)
+                self.entries[b.url] = BackendEntry(b, cfg, adapter(cfg.kind), gauge)
+        self.backends = tuple(e.backend for e in self.entries.values())
+        self.models = frozenset(m for b in self.backends for m in b.models)
+        # Backends by the models they serve, overall and per role: who could ever serve a
+        # request, before health and exclusions.
+        serving: dict[tuple[str, Role | None], set[str]] = {}
+        for b in self.backends:
+            for m in b.models:
+                serving.setdefault((m, None), set()).add(b.url)
+                serving.setdefault((m, b.role), set()).add(b.url)
+        self._serving = {k: frozenset(v) for k, v in serving.items()}
+        # Kinds that cannot take every request, with their backends: asked per request.
+        kinds: dict[str, tuple[WireAdapter, set[str]]] = {}
+        for e in self.entries.values():
+            if e.adapter.restricts:
+                kinds.setdefault(e.adapter.kind, (e.adapter, set()))[1].add(e.url)
+        self.restricted = tuple((a, frozenset(urls)) for a, urls in kinds.values())
+        self.changed = ChangeSignal()
+
+    # -- what the request path asks --------------------------------------------------------
+    def entry(self, url: str) -> BackendEntry:
+        return self.entries[url]
+
+    def __iter__(self) -> Iterator[BackendEntry]:
+        return iter(self.entries.values())
+
+    def serving(self, model: str, role: Role | None) -> frozenset[str]:
+        return self._serving.get((model, role), frozenset())
+
+    def snapshot(self) -> LoadSnapshot:
+        """The immutable view routing decides on: scraped load merged with in-flight counts
+        (the freshest signal: the engines' gauges lag by seconds under load)."""
+        now = self.clock()
+        counts = self.store.counts()
+        loads = {
+            url: BackendLoad(
+                running=(st := e.live).running,
+                waiting=st.waiting,
+                kv_usage=st.kv_usage,
+                inflight=counts.get(url, 0),
+                healthy=not st.ejected,
+                stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
+            )
+            for url, e in self.entries.items()
+        }
+        return LoadSnapshot(self.backends, loads, now)
+
+    def lease(self, entry: BackendEntry) -> Lease:
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - the request path always runs in a task
+            raise RuntimeError("a lease is taken from inside a task")
+        return Lease(self, entry, task)
+
+    def healthy_models(self) -> set[str]:
+        return {m for e in self.entries.values() if not e.live.ejected for m in e.backend.models}
+
+    def local_inflight(self, entry: BackendEntry) -> int:
+        return self.store.local_counts().get(entry.url, 0)
+
+    # -- outcomes and health ---------------------------------------------------------------
+    def request_failed(self, entry: BackendEntry, reason: str) -> None:
+        entry.live.request_failures += 1
+        if entry.live.request_failures >= self.eject_after_failures:
+            self.eject(entry, f"requests_{reason}")
+
+    def request_succeeded(self, entry: BackendEntry) -> None:
+        entry.live.request_failures = 0
+
+    def eject(self, entry: BackendEntry, reason: str) -> None:
+        """Out of rotation; the attempts waiting there for a first byte move on."""
+        st = entry.live
+        if st.ejected:
+            return
+        st.ejected, st.eject_reason, st.ejected_at = True, reason, self.clock()
+        b = entry.backend
+        self.telemetry.ejections.labels(b.role.value, b.url, reason.split("_")[0]).inc()
+        log.warning("backend ejected", extra={"fields": {"backend": b.url, "reason": reason}})
+        if entry.waiting:  # leases exist only inside the event loop
+            # An attempt whose own failure caused the ejection is already moving on: spare it.
+            current = asyncio.current_task()
+            for lease in tuple(entry.waiting):
+                if lease.task is not current:
+                    lease.ejected = True
+                    lease.task.cancel()
+            entry.waiting.clear()
+
+    def readmit(self, entry: BackendEntry) -> None:
+        st = entry.live
+        st.ejected, st.request_failures = False, 0
+        log.info("backend back in rotation", extra={"fields": {"backend": entry.url}})
+        self.changed.notify()

@@ -1,0 +1,103 @@
+"""vLLM's OpenAI-compatible server: bodies go upstream unchanged (vLLM's extra fields
+included) and replies come back unchanged, JSON in one piece and SSE chunk by chunk as the
+engine flushes it, never re-serialised. The relay only peeks at the bytes for telemetry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from gateway.errors import sse_error
+from gateway.load.parse import EngineStats, parse_vllm_metrics
+from gateway.wire import Incompatible
+
+if TYPE_CHECKING:
+    from gateway.exchange import Exchange
+    from gateway.settings import BackendConfig
+
+__all__ = ["ADAPTER", "VllmAdapter", "VllmRelay", "completion_tokens", "has_text"]
+
+DONE = b"data: [DONE]\n\n"
+_TEXT_KEYS = (b'"text":"', b'"content":"')
+_USAGE_KEY = b'"completion_tokens":'
+
+
+def has_text(chunk: bytes) -> bool:
+    """Whether an SSE chunk carries generated text (completions `text` or chat `content`)."""
+    for key in _TEXT_KEYS:
+        i = chunk.find(key)
+        while i != -1:
+            if chunk[i + len(key) : i + len(key) + 1] != b'"':
+                return True
+            i = chunk.find(key, i + 1)
+    return False
+
+
+def completion_tokens(chunk: bytes) -> int | None:
+    """The last `completion_tokens` of a usage object in `chunk`."""
+    i = chunk.rfind(_USAGE_KEY)
+    if i == -1:
+        return None
+    j = end = i + len(_USAGE_KEY)
+    while end < len(chunk) and chunk[end : end + 1] in b" 0123456789":
+        end += 1
+    try:
+        return int(chunk[j:end])
+    except ValueError:
+        return None
+
+
+class VllmRelay:
+    __slots__ = ("completion_tokens", "engine_error", "text_events")
+
+    def __init__(self) -> None:
+        self.text_events = 0
+        self.completion_tokens: int | None = None
+        self.engine_error = False
+
+    def feed(self, chunk: bytes) -> tuple[bytes, bool]:
+        text = has_text(chunk)
+        if text:
+            self.text_events += chunk.count(b"data: ")
+        if b'data: {"error"' in chunk:
+            # vLLM's own mid-stream error event, relayed as is; it can share a read with text.
+            self.engine_error = True
+        if b'"usage"' in chunk and (n := completion_tokens(chunk)) is not None:
+            self.completion_tokens = n
+        return chunk, text
+
+    def close(self) -> bytes:
+        return b""  # vLLM ends its streams itself, [DONE] included
+
+    def fail(self, message: str) -> bytes:
+        return sse_error(message) + DONE
+
+
+class VllmAdapter:
+    kind = "vllm"
+    label = "vLLM"
+    health_path = "/health"
+    restricts = False
+
+    def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:
+        return parse_vllm_metrics(text)
+
+    def incompatibility(self, ex: Exchange) -> Incompatible | None:
+        return None
+
+    def request(self, ex: Exchange, backend: BackendConfig) -> tuple[str, bytes]:
+        return ex.endpoint.path, ex.body
+
+    def reply(
+        self, ex: Exchange, status: int, body: bytes, content_type: bytes
+    ) -> tuple[int, bytes, bytes]:
+        return status, body, content_type
+
+    def refused(self, status: int, body: bytes) -> bytes:
+        return body
+
+    def relay(self, ex: Exchange) -> VllmRelay:
+        return VllmRelay()
+
+
+ADAPTER = VllmAdapter()

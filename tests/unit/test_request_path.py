@@ -1,0 +1,300 @@
+"""The request object's path without sockets: intake fills an Exchange or refuses with an
+OpenAI error, admission decides (holding saturated requests until capacity frees), and the vLLM
+relay counts what passes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import MutableMapping
+from typing import Any
+
+import pytest
+
+from gateway.admission import Admission
+from gateway.errors import GatewayError
+from gateway.exchange import Endpoint, Exchange
+from gateway.intake import Intake
+from gateway.registry import ChangeSignal, Registry
+from gateway.routing import Backend, Decision, Reason, Role, RouteRequest, RouterState
+from gateway.settings import Settings
+from gateway.state import MemoryInflightStore
+from gateway.telemetry import Telemetry
+from gateway.wire.vllm import VllmRelay, completion_tokens, has_text
+
+COMPLETIONS = Endpoint("/v1/completions", chat=False)
+CHAT = Endpoint("/v1/chat/completions", chat=True)
+LAT, T1, TRITON = "http://lat:1", "http://t1:1", "http://tr:1"
+
+
+def settings(*, triton: bool = False, only_triton: bool = False, **extra: Any) -> Settings:
+    pool = [{"url": TRITON, "models": ["m"], "kind": "triton"}] if triton else []
+    if not only_triton:
+        pool.insert(0, {"url": T1, "models": ["m"]})
+    tiers = [{"name": "awq", "role": "throughput", "backends": pool}]
+    if not only_triton:
+        tiers.insert(0, {"name": "eagle", "role": "latency",
+                         "backends": [{"url": LAT, "models": ["m"]}]})  # fmt: skip
+    return Settings(tiers=tiers, **extra)
+
+
+def intake(s: Settings) -> Intake:
+    return Intake(s, Registry(s, MemoryInflightStore(), Telemetry()))
+
+
+async def _no_send(message: MutableMapping[str, Any]) -> None:
+    raise AssertionError("intake sends nothing")
+
+
+def receiver(*chunks: bytes) -> Any:
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)]  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    return receive
+
+
+def scope(headers: dict[str, str]) -> dict[str, Any]:
+    return {"headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+
+
+async def read(s: Settings, body: bytes | dict[str, Any], endpoint: Endpoint = COMPLETIONS,
+               headers: dict[str, str] | None = None, chunks: int = 1) -> Exchange:  # fmt: skip
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    step = max(1, len(raw) // chunks)
+    parts = [raw[i : i + step] for i in range(0, len(raw), step)] or [b""]
+    it = intake(s)
+    ex = it.open(endpoint, scope(headers or {}), _no_send)
+    await it.read(ex, receiver(*parts))
+    return ex
+
+
+OKAY = {"model": "m", "prompt": "hi", "max_tokens": 4}
+
+# -- intake: refusals --------------------------------------------------------------------------
+
+REFUSALS: list[tuple[str, Any, dict[str, Any], int, str | None]] = [
+    ("unknown model", OKAY | {"model": "gpt-9"}, {}, 404, "model"),
+    ("malformed JSON", b"{bad", {}, 400, None),
+    ("not an object", b"[1, 2]", {}, 400, None),
+    ("no prompt", {"model": "m"}, {}, 400, "prompt"),
+    ("max_tokens type", OKAY | {"max_tokens": "many"}, {}, 400, "max_tokens"),
+    ("max_tokens zero", OKAY | {"max_tokens": 0}, {}, 400, "max_tokens"),
+    ("stream_options without stream", OKAY | {"stream_options": {"include_usage": True}}, {},
+     400, None),
+    ("declared body too large", OKAY, {"content-length": "2000000"}, 413, None),
+    ("bad pin", OKAY, {"x-tiergate-tier": "fastest"}, 400, "x-tiergate-tier"),
+    ("missing key", OKAY, {"authorization": "Bearer nope"}, 401, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "param"), [r[1:] for r in REFUSALS],
+                         ids=[r[0] for r in REFUSALS])  # fmt: skip
+async def test_intake_refuses_with_the_status_and_param(
+    body: Any, headers: dict[str, str], status: int, param: str | None
+) -> None:
+    s = settings(api_keys=["sekret"] if status == 401 else [])
+    if status != 401 and s.api_keys:
+        headers = headers | {"authorization": "Bearer sekret"}
+    with pytest.raises(GatewayError) as err:
+        await read(s, body, headers=headers)
+    assert (err.value.status, err.value.param) == (status, param)
+    got = json.loads(err.value.body())["error"]
+    assert set(got) == {"message", "type", "param", "code"}
+    assert got["code"] == status
+
+
+async def test_a_streamed_body_over_the_limit_is_413_before_it_is_all_read() -> None:
+    s = settings(max_body_bytes=100)
+    big = json.dumps(OKAY | {"prompt": "x " * 200}).encode()
+    with pytest.raises(GatewayError) as err:
+        await read(s, big, chunks=8)
+    assert err.value.status == 413
+
+
+async def test_a_client_gone_while_sending_the_body_cancels() -> None:
+    it = intake(settings())
+    ex = it.open(COMPLETIONS, scope({}), _no_send)
+    messages = [{"type": "http.request", "body": b'{"mod', "more_body": True},
+                {"type": "http.disconnect"}]  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    with pytest.raises(asyncio.CancelledError):
+        await it.read(ex, receive)
+
+
+# -- intake: what it fills in ------------------------------------------------------------------
+
+
+async def test_intake_fills_the_exchange() -> None:
+    body = OKAY | {"stream": True, "ignore_eos": True, "priority": 2}
+    ex = await read(settings(), body, headers={"x-tiergate-tier": " Latency ",
+                                               "x-request-id": "abc"})  # fmt: skip
+    assert (ex.id, ex.model, ex.stream, ex.pinned) == ("abc", "m", True, Role.LATENCY)
+    assert ex.data == body
+    assert json.loads(ex.body) == body  # forwarded as it came
+    assert ex.exclude == frozenset()
+    assert ex.response_headers == [(b"x-request-id", b"abc")]
+    assert ex.route_request() == RouteRequest("m", Role.LATENCY, True, frozenset())
+
+
+async def test_request_ids_are_made_when_absent_and_unique() -> None:
+    it = intake(settings())
+    ids = {it.open(COMPLETIONS, scope({}), _no_send).id for _ in range(1000)}
+    assert len(ids) == 1000
+    ex = it.open(COMPLETIONS, scope({}), _no_send)
+    assert ex.headers[b"x-request-id"] == ex.id.encode()
+
+
+async def test_the_model_may_be_left_out_when_there_is_one() -> None:
+    ex = await read(settings(), {"prompt": "hi"})
+    assert ex.model == "m"
+
+
+TRITON_CASES: list[tuple[str, dict[str, Any], Endpoint, bool, frozenset[str] | int]] = [
+    ("plain completion: Triton may serve it", OKAY, COMPLETIONS, False, frozenset()),
+    ("chat: not Triton", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, CHAT,
+     False, frozenset({TRITON})),
+    ("token ids: not Triton", OKAY | {"prompt": [1, 2]}, COMPLETIONS, False,
+     frozenset({TRITON})),
+    ("n=2: not Triton", OKAY | {"n": 2}, COMPLETIONS, False, frozenset({TRITON})),
+    ("chat with only Triton: 400", {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+     CHAT, True, 400),
+    ("logprobs with only Triton: 400", OKAY | {"logprobs": 2}, COMPLETIONS, True, 400),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "endpoint", "only", "expected"), [c[1:] for c in TRITON_CASES],
+                         ids=[c[0] for c in TRITON_CASES])  # fmt: skip
+async def test_requests_a_kind_cannot_take_avoid_its_backends(
+    body: dict[str, Any], endpoint: Endpoint, only: bool, expected: frozenset[str] | int
+) -> None:
+    s = settings(triton=True, only_triton=only)
+    if isinstance(expected, int):
+        with pytest.raises(GatewayError) as err:
+            await read(s, body, endpoint)
+        assert err.value.status == expected
+        assert "is Triton" in err.value.message
+    else:
+        assert (await read(s, body, endpoint)).exclude == expected
+
+
+async def test_a_pin_to_a_tier_of_only_triton_backends_is_judged_within_it() -> None:
+    s = settings(triton=True)  # latency: vLLM; throughput: vLLM + Triton
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    ex = await read(s, chat, CHAT, headers={"x-tiergate-tier": "throughput"})
+    assert ex.exclude == {TRITON}
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+B = Backend(T1, "awq", Role.THROUGHPUT, frozenset({"m"}))
+
+
+def decision(reason: str, *candidates: Backend) -> Decision:
+    return Decision(candidates, reason, "test-policy", RouterState())
+
+
+class Decider:
+    def __init__(self, *answers: Decision) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def __call__(self, req: RouteRequest) -> Decision:
+        self.calls += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def exchange() -> Exchange:
+    return Exchange("rid", COMPLETIONS, {}, _no_send, 0.0, model="m")
+
+
+async def test_admission_passes_a_decision_with_room_at_once() -> None:
+    decide = Decider(decision(Reason.LEAST_LOADED, B))
+    ex = exchange()
+    got = await Admission(decide, ChangeSignal(), 5.0, Telemetry()).admit(ex)
+    assert got.candidates == (B,)
+    assert ex.decision is got
+    assert decide.calls == 1
+
+
+async def test_a_saturated_request_waits_for_capacity_then_goes() -> None:
+    signal = ChangeSignal()
+    decide = Decider(decision(Reason.SATURATED, B), decision(Reason.SATURATED, B),
+                     decision(Reason.LEAST_LOADED, B))  # fmt: skip
+    t = Telemetry()
+    task = asyncio.create_task(Admission(decide, signal, 30.0, t).admit(exchange()))
+    await asyncio.sleep(0)
+    assert signal.waiting == 1
+    assert t.queued._value.get() == 1
+    signal.notify()  # capacity changed, but still saturated: back to waiting
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not task.done()
+    assert signal.waiting == 1
+    signal.notify()
+    got = await asyncio.wait_for(task, 1.0)  # woken, not polled: no sleeping involved
+    assert got.reason == Reason.LEAST_LOADED
+    assert decide.calls == 3
+    assert t.queued._value.get() == 0
+
+
+async def test_still_saturated_at_the_deadline_is_429_with_retry_after() -> None:
+    decide = Decider(decision(Reason.SATURATED, B))
+    with pytest.raises(GatewayError) as err:
+        await Admission(decide, ChangeSignal(), 0.02, Telemetry()).admit(exchange())
+    assert err.value.status == 429
+    assert err.value.headers == [(b"retry-after", b"1")]
+    assert err.value.reason == "saturated"
+
+
+async def test_no_deadline_means_429_at_once() -> None:
+    decide = Decider(decision(Reason.SATURATED, B))
+    with pytest.raises(GatewayError):
+        await Admission(decide, ChangeSignal(), 0.0, Telemetry()).admit(exchange())
+    assert decide.calls == 1
+
+
+async def test_no_backend_is_503() -> None:
+    decide = Decider(decision(Reason.NO_BACKEND))
+    with pytest.raises(GatewayError) as err:
+        await Admission(decide, ChangeSignal(), 5.0, Telemetry()).admit(exchange())
+    assert (err.value.status, err.value.reason) == (503, "no_backend")
+
+
+# -- the vLLM relay ----------------------------------------------------------------------------
+
+CHUNK = b'data: {"id":"c","choices":[{"index":0,"text":" word","finish_reason":null}]}\n\n'
+EMPTY = b'data: {"id":"c","choices":[{"index":0,"text":"","finish_reason":"length"}]}\n\n'
+CHAT_CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+USAGE = (b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":17,'
+         b'"total_tokens":20}}\n\ndata: [DONE]\n\n')  # fmt: skip
+ERROR = b'data: {"error": {"message": "boom", "type": "x", "param": null, "code": 500}}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("chunk", "text", "tokens"),
+    [(CHUNK, True, None), (EMPTY, False, None), (CHAT_CHUNK, True, None), (USAGE, False, 17),
+     (CHUNK + CHUNK, True, None), (b"", False, None)],
+)  # fmt: skip
+def test_what_a_chunk_carries(chunk: bytes, text: bool, tokens: int | None) -> None:
+    assert has_text(chunk) is text
+    assert completion_tokens(chunk) == tokens
+
+
+def test_the_relay_passes_bytes_through_and_counts() -> None:
+    relay = VllmRelay()
+    out = [relay.feed(c) for c in (CHUNK, CHUNK + CHUNK, EMPTY, USAGE)]
+    assert [o[0] for o in out] == [CHUNK, CHUNK + CHUNK, EMPTY, USAGE]
+    assert [o[1] for o in out] == [True, True, False, False]
+    assert (relay.text_events, relay.completion_tokens, relay.engine_error) == (3, 17, False)
+    assert relay.close() == b""
+    relay.feed(ERROR)
+    assert relay.engine_error
+    tail = relay.fail("cut").decode()
+    assert tail.endswith("data: [DONE]\n\n")
+    assert json.loads(tail.split("\n\n")[0][6:])["error"]["code"] == 502
