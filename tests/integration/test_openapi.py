@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -129,6 +132,36 @@ def test_the_docs_are_served_whole_by_the_gateway(stack: Stack, page: str) -> No
     bundle = httpx.get(gw + js[0]).text
     # The bundled UI reads OpenAPI 3.1 (older Swagger UI releases refuse a 3.1 document).
     assert "isOAS31" in bundle or page == "/redoc"
+
+
+# What each page shows once its script has drawn the API from /openapi.json.
+RENDERED = {
+    "/docs": ("OAS 3.1", 'class="opblock-summary-path"'),
+    "/redoc": ("Download OpenAPI specification", "Request Body schema"),
+}
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_render_in_a_browser(stack: Stack, page: str, tmp_path: Path) -> None:
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("chromium is not installed (./scripts/test installs it)")
+    # Headless Chromium runs the page's scripts and prints the DOM they built; the network
+    # flags keep it from reaching anything but the gateway.
+    r = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path}", "--virtual-time-budget=10000", "--dump-dom",
+         stack.gateway.url + page],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    dom = r.stdout
+    for marker in RENDERED[page]:
+        assert marker in dom, (page, marker, r.stderr[-2000:])
+    for path in (*PROXIED, *SIDE):
+        assert path in dom, (page, path)
+    assert "Unable to render" not in dom
+    assert "Something went wrong" not in dom
 
 
 def _assets(html: str) -> list[str]:
