@@ -15,6 +15,15 @@ over the targets instead of landing on one of them.
 2. TTFT of streams (first chunk carrying text), closed loop at 1 and 64 streams.
 3. Throughput with wrk: small requests/s and SSE chunks/s.
 
+Every latency and TTFT cell also reports the CPU the serving process used per completed request
+(/proc, over the timed window only): the gateway's own pid, nginx's worker, the simulator for
+`direct`.
+
+With a baseline (a git ref), that commit's code is extracted into a temporary folder and its
+gateway runs as one more target, `gateway@<short sha>`, in front of the same simulator with the
+same config, so that a change to the gateway is judged against the code before it in one run,
+under the same machine conditions: its added p50 and CPU per request side by side.
+
 The client runs in this process on the same machine: its own cost is in every figure, equally
 for every target, which is why the gateway is reported as *added* latency (target - direct).
 """
@@ -30,6 +39,8 @@ import platform
 import re
 import shlex
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,15 +63,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from engines.sim.launch import GatewayProcess, SimProcess, cpu_seconds
 from engines.sim.profile import load_profile
 from loadtests.client import Result, stream_completion
 from loadtests.nginx import NginxProcess, nginx_binary
+from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds
 from loadtests.summarize import percentile
 
 PROFILE = "instant"
 TARGETS = ("direct", "nginx", "gateway")
-PROXIES = ("nginx", "gateway")
+PROXIES = ("nginx", "gateway")  # plus the baseline's gateway, `gateway@<sha>`, when there is one
 JSON_HEADERS = {"Content-Type": "application/json"}
 STREAM_TOKENS = 32
 SSE_TOKENS = 64
@@ -71,6 +82,11 @@ MAX_ADDED_P99_MS = 5.0
 VERDICT_CONNECTIONS = 64
 MIN_REQUESTS_PER_S = 1500.0
 MIN_CHUNKS_PER_S = 20000.0
+# Against a baseline commit: no worse than 5% above it.
+MAX_BASELINE_RATIO = 1.05
+
+# The repository whose commits a baseline ref names.
+REPO = Path(__file__).resolve().parents[1]
 
 Part = Literal["latency", "ttft", "wrk-small", "wrk-sse"]
 
@@ -89,6 +105,7 @@ class Options:
     use_nginx: bool = True
     chart: bool = True
     command: str | None = None  # as shown in the markdown; default: this process's argv
+    baseline: str | None = None  # a git ref whose gateway runs as one more target
 
     @property
     def markdown_path(self) -> Path:
@@ -106,19 +123,52 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 and not math.isnan(a) else math.nan
 
 
+def _median(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def is_proxy(name: str) -> bool:
+    return name in PROXIES or name.startswith("gateway@")
+
+
+def _cpu(pids: Sequence[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
 @dataclass
 class Samples:
-    """Latencies (seconds) of one measurement on one target, pooled over rounds."""
+    """Latencies (seconds) of one measurement on one target (one round, or pooled over rounds)."""
 
     values: list[float] = field(default_factory=list)
     errors: int = 0
     wall_s: float = 0.0  # time from the first scheduled start to the last answer, summed
+    cpu_s: float = 0.0  # CPU the serving process(es) used over the same window
 
     def add(self, ok: bool, latency: float) -> None:
         if ok:
             self.values.append(latency)
         else:
             self.errors += 1
+
+    @property
+    def completed(self) -> int:
+        """Requests answered in the window, errors included: they cost CPU too."""
+        return len(self.values) + self.errors
+
+    @classmethod
+    def pool(cls, rounds: Sequence[Samples]) -> Samples:
+        out = cls()
+        for s in rounds:
+            out.values += s.values
+            out.errors += s.errors
+            out.wall_s += s.wall_s
+            out.cpu_s += s.cpu_s
+        return out
 
 
 @dataclass(frozen=True)
@@ -163,11 +213,34 @@ class Added:
 
 
 @dataclass(frozen=True)
+class Cpu:
+    """CPU of the serving process per completed request (ms): per round, and their median (the
+    rounds run at different moments of a shared machine: the median resists one bad round)."""
+
+    ms_per_request: float
+    rounds: list[float]
+    cpu_s: float  # summed over rounds
+    requests: int  # completed, summed over rounds
+
+    @classmethod
+    def of(cls, rounds: Sequence[Samples]) -> Cpu:
+        per = [_ratio(1000 * s.cpu_s, s.completed) for s in rounds]
+        return cls(
+            ms_per_request=_median(per),
+            rounds=per,
+            cpu_s=sum(s.cpu_s for s in rounds),
+            requests=sum(s.completed for s in rounds),
+        )
+
+
+@dataclass(frozen=True)
 class LatencyCell:
     concurrency: int
     load: str  # "closed loop" or "open loop, N req/s"
-    stats: dict[str, Stat]
+    stats: dict[str, Stat]  # pooled over rounds
     added: dict[str, Added]
+    cpu: dict[str, Cpu]
+    round_p50_ms: dict[str, list[float]]  # each round's own p50, to show the spread
 
 
 @dataclass(frozen=True)
@@ -214,6 +287,79 @@ class Verdict:
         return {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[self.met]
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A commit's code extracted into a folder, and how its gateway is started from there."""
+
+    ref: str
+    sha: str
+    short: str
+    folder: str
+    module: str  # `python -m MODULE serve ...`: `tiergate`, or `gateway.cli` before it existed
+
+    @property
+    def name(self) -> str:
+        return f"gateway@{self.short}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The working tree's gateway against the baseline's in one latency cell. Added p50 is pooled
+    over rounds (as in the latency table); CPU per request is the median over rounds; the
+    per-round ratios compare the two gateways within the same round."""
+
+    concurrency: int
+    load: str
+    n_new: int
+    n_old: int
+    errors_new: int
+    errors_old: int
+    added_p50_new_ms: float
+    added_p50_old_ms: float
+    added_p50_ratio: float
+    added_p50_rounds_new: list[float]
+    added_p50_rounds_old: list[float]
+    added_p50_round_ratios: list[float]
+    cpu_new_ms: float
+    cpu_old_ms: float
+    cpu_ratio: float
+    cpu_rounds_new: list[float]
+    cpu_rounds_old: list[float]
+    cpu_round_ratios: list[float]
+
+    @classmethod
+    def of(cls, cell: LatencyCell, new: str, old: str) -> Comparison:
+        def added_rounds(name: str) -> list[float]:
+            direct = cell.round_p50_ms["direct"]
+            return [p - d for p, d in zip(cell.round_p50_ms[name], direct, strict=True)]
+
+        def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+            return [_ratio(x, y) for x, y in zip(a, b, strict=True)]
+
+        a_new, a_old = added_rounds(new), added_rounds(old)
+        c_new, c_old = cell.cpu[new], cell.cpu[old]
+        return cls(
+            concurrency=cell.concurrency,
+            load=cell.load,
+            n_new=cell.stats[new].n,
+            n_old=cell.stats[old].n,
+            errors_new=cell.stats[new].errors,
+            errors_old=cell.stats[old].errors,
+            added_p50_new_ms=cell.added[new].p50_ms,
+            added_p50_old_ms=cell.added[old].p50_ms,
+            added_p50_ratio=_ratio(cell.added[new].p50_ms, cell.added[old].p50_ms),
+            added_p50_rounds_new=a_new,
+            added_p50_rounds_old=a_old,
+            added_p50_round_ratios=ratios(a_new, a_old),
+            cpu_new_ms=c_new.ms_per_request,
+            cpu_old_ms=c_old.ms_per_request,
+            cpu_ratio=_ratio(c_new.ms_per_request, c_old.ms_per_request),
+            cpu_rounds_new=c_new.rounds,
+            cpu_rounds_old=c_old.rounds,
+            cpu_round_ratios=ratios(c_new.rounds, c_old.rounds),
+        )
+
+
 @dataclass
 class Report:
     command: str
@@ -228,10 +374,19 @@ class Report:
     wrk_small: dict[str, WrkStat] | None
     wrk_sse: dict[str, WrkStat] | None
     verdicts: list[Verdict]
+    sources: dict[str, str] = field(default_factory=dict)  # gateway target -> code folder
+    baseline: Baseline | None = None
+    vs_baseline: list[Comparison] = field(default_factory=list)
+    baseline_verdicts: list[Verdict] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdicts"] = [{**asdict(v), "result": v.word} for v in self.verdicts]
+        data["baseline_verdicts"] = [
+            {**asdict(v), "result": v.word} for v in self.baseline_verdicts
+        ]
+        if self.baseline is not None:
+            data["baseline"]["name"] = self.baseline.name
         clean: dict[str, Any] = _finite(data)
         return clean
 
@@ -255,6 +410,103 @@ class Target:
     name: str
     url: str
     server_pids: Callable[[], list[int]]  # where the serving happens, for CPU accounting
+    source: str | None = None  # gateways: the folder their code was imported from
+    log: Path | None = None  # gateways: what they logged, quoted when requests failed
+
+
+def _git(*args: str) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {shlex.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+@contextlib.contextmanager
+def checkout(ref: str, into: Path) -> Iterator[Baseline]:
+    """`ref`'s files (git archive: the repository and its worktrees are left untouched) in a
+    folder under `into`, removed on the way out whatever happens."""
+    sha = _git("rev-parse", "--verify", "--end-of-options", f"{ref}^{{commit}}")
+    short = _git("rev-parse", "--short", sha)
+    root = (into / f"baseline-{short}").resolve()
+    root.mkdir()
+    try:
+        tar = into / f"baseline-{short}.tar"
+        _git("archive", "--format=tar", f"--output={tar}", sha)
+        untar = subprocess.run(
+            ["tar", "-x", "-f", str(tar), "-C", str(root)], capture_output=True, text=True
+        )
+        tar.unlink()
+        if untar.returncode != 0:
+            raise RuntimeError(f"extracting {ref} ({short}) failed: {untar.stderr.strip()}")
+        # The entry point of the day: the composed `tiergate` package, else the gateway's own CLI
+        # (the layout before the package existed).
+        module = "tiergate" if (root / "tiergate" / "__main__.py").exists() else "gateway.cli"
+        yield Baseline(ref=ref, sha=sha, short=short, folder=str(root), module=module)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def import_origins(
+    modules: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> dict[str, Path]:
+    """Where this interpreter imports `modules` from, run with the given cwd and environment
+    (which is how a launcher will run it): the proof of which code a gateway target runs."""
+    code = "import importlib as i, sys\nfor m in sys.argv[1:]: print(i.import_module(m).__file__)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *modules],
+        cwd=cwd,
+        env={**os.environ, **env} if env else None,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"importing {', '.join(modules)} failed:\n{proc.stderr[-2000:]}")
+    return {m: Path(line) for m, line in zip(modules, proc.stdout.splitlines(), strict=True)}
+
+
+def _code_folder(origins: dict[str, Path]) -> Path:
+    """The folder the packages were imported from (`<folder>/gateway/__init__.py`)."""
+    folders = {o.resolve().parents[1] for o in origins.values()}
+    if len(folders) != 1:
+        raise RuntimeError(f"packages imported from several folders: {origins}")
+    return folders.pop()
+
+
+@dataclass
+class BaselineGatewayProcess(GatewayProcess):
+    """`serve` of the baseline's code: cwd and PYTHONPATH are its folder, so that every import
+    (gateway, engines, ...) resolves there before the working tree's editable install."""
+
+    root: Path | None = None
+    module: str = "gateway.cli"
+
+    def command(self) -> list[str]:
+        assert self.root is not None
+        # `env -C` sets the cwd (which `python -m` puts first on sys.path): the launcher itself
+        # starts every process in this one's cwd. exec keeps the pid, which the CPU is read from.
+        return ["env", "-C", str(self.root), sys.executable, "-m", self.module, *self.argv()]
+
+
+@contextlib.contextmanager
+def baseline_gateway(baseline: Baseline, config: Path, log: Path) -> Iterator[Target]:
+    root = Path(baseline.folder)
+    env = {"PYTHONPATH": str(root)}
+    entry = baseline.module.split(".")[0]
+    origins = import_origins(sorted({"gateway", entry}), cwd=root, env=env)
+    if (folder := _code_folder(origins)) != root:
+        raise RuntimeError(f"{baseline.name} would import its code from {folder}, not {root}")
+    with BaselineGatewayProcess(
+        config=config, log=log, env=env, root=root, module=baseline.module
+    ) as gw:
+        # The process that serves, not only the probe, runs from the extracted folder.
+        cwd = Path(os.readlink(f"/proc/{gw.pid}/cwd"))
+        if cwd != root:
+            raise RuntimeError(f"{baseline.name} runs in {cwd}, not in {root}")
+        yield Target(baseline.name, gw.url, lambda: [gw.pid], str(folder), log)
 
 
 def gateway_config(sim_url: str, model: str) -> dict[str, Any]:
@@ -272,10 +524,14 @@ def gateway_config(sim_url: str, model: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_targets(
-    workdir: Path, model: str, notes: list[str], use_nginx: bool = True
+    workdir: Path,
+    model: str,
+    notes: list[str],
+    use_nginx: bool = True,
+    baseline: Baseline | None = None,
 ) -> Iterator[list[Target]]:
-    """Start the simulator, nginx in front of it (when installed) and the gateway; stop them all
-    on the way out, whatever happens (Ctrl-C included)."""
+    """Start the simulator, nginx in front of it (when installed), the gateway and the baseline's
+    gateway (when given); stop them all on the way out, whatever happens (Ctrl-C included)."""
     with contextlib.ExitStack() as stack:
         sim = stack.enter_context(SimProcess(profile=PROFILE, log=workdir / "sim.log"))
         targets = [Target("direct", sim.url, lambda: [sim.pid])]
@@ -290,8 +546,14 @@ def running_targets(
             targets.append(Target("nginx", ngx.url, ngx.worker_pids))
         config = workdir / "gateway.yaml"
         config.write_text(yaml.safe_dump(gateway_config(sim.url, model)))
-        gw = stack.enter_context(GatewayProcess(config=config, log=workdir / "gateway.log"))
-        targets.append(Target("gateway", gw.url, lambda: [gw.pid]))
+        # Probed with this process's cwd and environment, which the launcher passes on.
+        source = _code_folder(import_origins(["gateway"]))
+        log = workdir / "gateway.log"
+        gw = stack.enter_context(GatewayProcess(config=config, log=log))
+        targets.append(Target("gateway", gw.url, lambda: [gw.pid], str(source), log))
+        if baseline is not None:
+            log = workdir / f"gateway-{baseline.short}.log"
+            targets.append(stack.enter_context(baseline_gateway(baseline, config, log)))
         yield targets
 
 
@@ -331,11 +593,15 @@ async def _warm(session: aiohttp.ClientSession, url: str, payload: bytes, n: int
     await asyncio.gather(*(post_ok(session, url, payload) for _ in range(n)))
 
 
-async def closed_small(url: str, payload: bytes, connections: int, duration_s: float) -> Samples:
-    """`connections` users, each sending its next request as soon as the last one answered."""
+async def closed_small(
+    url: str, payload: bytes, connections: int, duration_s: float, pids: Sequence[int] = ()
+) -> Samples:
+    """`connections` users, each sending its next request as soon as the last one answered.
+    The CPU of `pids` is counted over the timed window (after the warm-up)."""
     out = Samples()
     async with _session(connections) as session:
         await _warm(session, url, payload, connections)
+        cpu0 = _cpu(pids)
         start = time.perf_counter()
         deadline = start + duration_s
 
@@ -346,11 +612,17 @@ async def closed_small(url: str, payload: bytes, connections: int, duration_s: f
 
         await asyncio.gather(*(user() for _ in range(connections)))
         out.wall_s = time.perf_counter() - start
+        out.cpu_s = _cpu(pids) - cpu0
     return out
 
 
 async def paced_small(
-    url: str, payload: bytes, connections: int, rate: float, duration_s: float
+    url: str,
+    payload: bytes,
+    connections: int,
+    rate: float,
+    duration_s: float,
+    pids: Sequence[int] = (),
 ) -> Samples:
     """Open loop: `rate` requests/s in all, connection c sending at c/rate + k*connections/rate.
     Each latency is measured from the scheduled start, so a request that starts late because the
@@ -359,6 +631,7 @@ async def paced_small(
     period = connections / rate
     async with _session(connections) as session:
         await _warm(session, url, payload, connections)
+        cpu0 = _cpu(pids)
         start = time.perf_counter() + 0.005
         ends: list[float] = [start]
 
@@ -375,11 +648,12 @@ async def paced_small(
 
         await asyncio.gather(*(pacer(c) for c in range(connections)))
         out.wall_s = max(ends) - start
+        out.cpu_s = _cpu(pids) - cpu0
     return out
 
 
 async def closed_ttft(
-    url: str, body: dict[str, Any], connections: int, duration_s: float
+    url: str, body: dict[str, Any], connections: int, duration_s: float, pids: Sequence[int] = ()
 ) -> Samples:
     """`connections` streaming users in a closed loop; a sample is one stream's TTFT."""
     out = Samples()
@@ -388,6 +662,7 @@ async def closed_ttft(
             *(stream_completion(session, url, body, Result(u, 0, time.perf_counter()))
               for u in range(connections))
         )  # fmt: skip
+        cpu0 = _cpu(pids)
         start = time.perf_counter()
         deadline = start + duration_s
 
@@ -400,6 +675,7 @@ async def closed_ttft(
 
         await asyncio.gather(*(user(u) for u in range(connections)))
         out.wall_s = time.perf_counter() - start
+        out.cpu_s = _cpu(pids) - cpu0
     return out
 
 
@@ -438,14 +714,6 @@ def parse_wrk(output: str) -> tuple[float, int, int]:
     ):
         errors += sum(int(g) for g in m.groups())
     return float(rps.group(1)), int(total.group(1)) if total else 0, errors
-
-
-def _cpu(pids: Sequence[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(pid)
-    return total
 
 
 async def run_wrk(
@@ -500,12 +768,12 @@ def rotation(names: Sequence[str], r: int) -> list[str]:
 class Raw:
     """Everything measured, before it is summarized."""
 
-    samples: dict[tuple[Part, int, str], Samples] = field(default_factory=dict)
+    samples: dict[tuple[Part, int, str], list[Samples]] = field(default_factory=dict)  # per round
     wrk: dict[tuple[Part, str], list[WrkRun]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
 
-    def sample(self, part: Part, concurrency: int, target: str) -> Samples:
-        return self.samples.setdefault((part, concurrency, target), Samples())
+    def rounds(self, part: Part, concurrency: int, target: str) -> list[Samples]:
+        return self.samples.setdefault((part, concurrency, target), [])
 
 
 async def _measure(
@@ -536,14 +804,15 @@ async def _measure(
                     task, description=f"round {r + 1}/{opts.rounds}  {cell.label:<18} {name}"
                 )
                 c = cell.concurrency
+                pids = target.server_pids()
                 if cell.part == "latency":
                     s = (
-                        await closed_small(url, small, c, opts.duration_s)
+                        await closed_small(url, small, c, opts.duration_s, pids)
                         if c == 1
-                        else await paced_small(url, small, c, opts.rate, opts.duration_s)
+                        else await paced_small(url, small, c, opts.rate, opts.duration_s, pids)
                     )
                 elif cell.part == "ttft":
-                    s = await closed_ttft(url, ttft_body, c, opts.duration_s)
+                    s = await closed_ttft(url, ttft_body, c, opts.duration_s, pids)
                 else:
                     assert wrk is not None
                     binary, small_lua, sse_lua = wrk
@@ -554,10 +823,7 @@ async def _measure(
                     raw.wrk.setdefault((cell.part, name), []).append(run)
                     progress.advance(task)
                     continue
-                pooled = raw.sample(cell.part, c, name)
-                pooled.values += s.values
-                pooled.errors += s.errors
-                pooled.wall_s += s.wall_s
+                raw.rounds(cell.part, c, name).append(s)
                 progress.advance(task)
     return raw
 
@@ -567,11 +833,14 @@ def _latency_cells(
 ) -> list[LatencyCell]:
     cells = []
     for c in conns:
-        stats = {n: Stat.of(raw.sample(part, c, n)) for n in names}
-        added = {n: Added.of(stats[n], stats["direct"]) for n in names if n in PROXIES}
+        rounds = {n: raw.rounds(part, c, n) for n in names}
+        stats = {n: Stat.of(Samples.pool(rounds[n])) for n in names}
+        added = {n: Added.of(stats[n], stats["direct"]) for n in names if is_proxy(n)}
+        cpu = {n: Cpu.of(rounds[n]) for n in names}
+        round_p50 = {n: [Stat.of(s).p50_ms for s in rounds[n]] for n in names}
         closed = part == "ttft" or c == 1
         load = "closed loop" if closed else f"open loop, {opts.rate:g} req/s"
-        cells.append(LatencyCell(c, load, stats, added))
+        cells.append(LatencyCell(c, load, stats, added, cpu, round_p50))
     return cells
 
 
@@ -611,7 +880,58 @@ def verdicts(report: Report) -> list[Verdict]:
     return out
 
 
-def summarize(raw: Raw, names: list[str], opts: Options, notes: list[str], command: str) -> Report:
+def _ratio_x(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.3f}x"
+
+
+def baseline_verdicts(report: Report) -> tuple[list[Verdict], list[str]]:
+    """The criterion against the baseline, at the 64-connection paced cell: the gateway's CPU per
+    request and its added p50 no worse than 5% above the baseline's; the same at 1 connection
+    for information. Notes say where the rounds themselves disagree about the margin."""
+    assert report.baseline is not None
+    out: list[Verdict] = []
+    notes: list[str] = []
+    by_conns = {c.concurrency: c for c in report.vs_baseline}
+    for conns in (VERDICT_CONNECTIONS, 1):
+        comp = by_conns.get(conns)
+        if comp is None:
+            continue
+        for what, new, old, ratio, per_round in (
+            ("CPU ms/request", comp.cpu_new_ms, comp.cpu_old_ms, comp.cpu_ratio,
+             comp.cpu_round_ratios),
+            ("added p50", comp.added_p50_new_ms, comp.added_p50_old_ms, comp.added_p50_ratio,
+             comp.added_p50_round_ratios),
+        ):  # fmt: skip
+            aside = "" if conns == VERDICT_CONNECTIONS else "; for information"
+            name = f"gateway {what} vs {report.baseline.name}, {conns} conn ({comp.load}{aside})"
+            rounds = " / ".join(_ratio_x(r) for r in per_round)
+            out.append(
+                Verdict(
+                    name,
+                    f"<= {MAX_BASELINE_RATIO:g}x baseline",
+                    f"{_ratio_x(ratio)} ({_ms(new)} vs {_ms(old)} ms; per round {rounds})",
+                    None if math.isnan(ratio) else ratio <= MAX_BASELINE_RATIO,
+                )
+            )
+            finite = [r for r in per_round if not math.isnan(r)]
+            if finite and min(finite) <= MAX_BASELINE_RATIO < max(finite):
+                notes.append(
+                    f"{name}: the rounds disagree about the {MAX_BASELINE_RATIO:g}x margin "
+                    f"(per round {rounds}): that verdict is within this run's noise; more "
+                    "rounds or longer cells narrow it"
+                )
+    return out, notes
+
+
+def summarize(
+    raw: Raw,
+    names: list[str],
+    opts: Options,
+    notes: list[str],
+    command: str,
+    sources: dict[str, str] | None = None,
+    baseline: Baseline | None = None,
+) -> Report:
     wrk_small = wrk_sse = None
     if raw.wrk:
         wrk_small = {n: WrkStat.of(raw.wrk[("wrk-small", n)], None) for n in names}
@@ -631,10 +951,38 @@ def summarize(raw: Raw, names: list[str], opts: Options, notes: list[str], comma
         wrk_small=wrk_small,
         wrk_sse=wrk_sse,
         verdicts=[],
+        sources=sources or {},
+        baseline=baseline,
     )
     report.verdicts = verdicts(report)
+    if baseline is not None:
+        report.vs_baseline = [Comparison.of(c, "gateway", baseline.name) for c in report.latency]
+        report.baseline_verdicts, noise = baseline_verdicts(report)
+        report.notes += noise
     report.notes += bound_notes(report)
     return report
+
+
+def failure_notes(raw: Raw, targets: Sequence[Target]) -> list[str]:
+    """Where a gateway failed requests, say where and what its log said last: a benchmark of
+    another commit's code must show why that code failed, not only that it did."""
+    notes = []
+    for t in targets:
+        failed = [
+            f"{sum(s.errors for s in rounds)} in {part} c={c}"
+            for (part, c, name), rounds in raw.samples.items()
+            if name == t.name and any(s.errors for s in rounds)
+        ]
+        if not failed or t.log is None or not t.log.exists():
+            continue
+        lines = [
+            line[:240]
+            for line in t.log.read_text(errors="replace").splitlines()
+            if " WARNING " in line or " ERROR " in line
+        ]
+        last = "; its last warnings: " + " | ".join(lines[-3:]) if lines else ""
+        notes.append(f"{t.name} failed requests ({', '.join(failed)}){last}")
+    return notes
 
 
 def bound_notes(report: Report) -> list[str]:
@@ -696,9 +1044,18 @@ def run(opts: Options, console: Console | None = None) -> Report:
             sse_lua.write_text(wrk_script(stream_body(model, SSE_TOKENS, usage=False)))
             wrk = (wrk_bin, small_lua, sse_lua)
         with contextlib.ExitStack() as stack:
-            with console.status("starting the simulator, nginx and the gateway..."):
+            baseline: Baseline | None = None
+            with console.status("starting the simulator, nginx and the gateways..."):
+                if opts.baseline is not None:
+                    baseline = stack.enter_context(checkout(opts.baseline, workdir))
+                    if baseline.sha == _git("rev-parse", "HEAD"):
+                        notes.append(
+                            f"the baseline {baseline.name} is HEAD: unless the working tree "
+                            "changed the gateway, both gateways run the same code and their "
+                            "difference is this run's noise"
+                        )
                 targets = stack.enter_context(
-                    running_targets(workdir, model, notes, opts.use_nginx)
+                    running_targets(workdir, model, notes, opts.use_nginx, baseline)
                 )
             for note in notes:
                 console.print(f"[yellow]note:[/] {note}")
@@ -712,7 +1069,9 @@ def run(opts: Options, console: Console | None = None) -> Report:
             progress = stack.enter_context(Progress(*columns, console=console, transient=True))
             runner = stack.enter_context(event_loop_runner())
             raw = runner.run(_measure(targets, opts, model, wrk, progress))
-    report = summarize(raw, [t.name for t in targets], opts, notes, command)
+        notes += failure_notes(raw, targets)  # the logs are still there, the processes done
+    sources = {t.name: t.source for t in targets if t.source is not None}
+    report = summarize(raw, [t.name for t in targets], opts, notes, command, sources, baseline)
     print_report(report, console)
     write_outputs(report, opts, console)
     return report
@@ -737,6 +1096,7 @@ def latency_rows(cells: list[LatencyCell], with_rate: bool) -> tuple[list[str], 
     head = ["conns", "load", "target", "n", "errors"]
     head += ["req/s"] if with_rate else []
     head += ["p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "p50 ratio", "p99 ratio"]
+    head += ["CPU ms/request", "CPU ms/request per round"]
     rows = []
     for cell in cells:
         for name, s in cell.stats.items():
@@ -749,8 +1109,48 @@ def latency_rows(cells: list[LatencyCell], with_rate: bool) -> tuple[list[str], 
                 if a
                 else ["", "", "", ""]
             )
+            cpu = cell.cpu[name]
+            row += [_ms(cpu.ms_per_request), _per_round(cpu.rounds)]
             rows.append(row)
     return head, rows
+
+
+def _per_round(values: Sequence[float], fmt: Callable[[float], str] | None = None) -> str:
+    return " / ".join((fmt or _ms)(v) for v in values)
+
+
+def baseline_rows(report: Report, what: Literal["added p50", "cpu"]) -> list[list[str]]:
+    rows = []
+    for c in report.vs_baseline:
+        if what == "cpu":
+            figures = (c.cpu_new_ms, c.cpu_old_ms, c.cpu_ratio)
+            rounds = (c.cpu_rounds_new, c.cpu_rounds_old, c.cpu_round_ratios)
+        else:
+            figures = (c.added_p50_new_ms, c.added_p50_old_ms, c.added_p50_ratio)
+            rounds = (c.added_p50_rounds_new, c.added_p50_rounds_old, c.added_p50_round_ratios)
+        rows.append([
+            str(c.concurrency), c.load, f"{c.n_new} / {c.n_old}",
+            f"{c.errors_new} / {c.errors_old}", _ms(figures[0]), _ms(figures[1]),
+            _ratio_x(figures[2]), _per_round(rounds[0]), _per_round(rounds[1]),
+            _per_round(rounds[2], _ratio_x),
+        ])  # fmt: skip
+    return rows
+
+
+def baseline_sections(report: Report) -> list[tuple[str, list[str], list[list[str]]]]:
+    if report.baseline is None:
+        return []
+    old = report.baseline.name
+    head = ["conns", "load", "n new / old", "errors new / old", "gateway", old, "new/old",
+            "gateway per round", f"{old} per round", "new/old per round"]  # fmt: skip
+    return [
+        (f"Gateway vs baseline {old}: added p50 ms, small requests (pooled p50 - direct's)",
+         head, baseline_rows(report, "added p50")),
+        (f"Gateway vs baseline {old}: CPU ms/request, small requests (median of rounds)",
+         head, baseline_rows(report, "cpu")),
+        (f"Gateway vs baseline {old}: verdicts", ["criterion", "target", "measured", "verdict"],
+         [[v.name, v.target, v.measured, v.word] for v in report.baseline_verdicts]),
+    ]  # fmt: skip
 
 
 def wrk_rows(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -787,7 +1187,7 @@ def sections(report: Report) -> list[tuple[str, list[str], list[list[str]]]]:
     if report.wrk_small:
         out.append(("Throughput with wrk (one gateway worker)", *wrk_rows(report)))
     out.append(("Verdicts", *verdict_rows(report)))
-    return out
+    return out + baseline_sections(report)
 
 
 def print_report(report: Report, console: Console) -> None:
@@ -797,10 +1197,10 @@ def print_report(report: Report, console: Console) -> None:
         for h in head:
             table.add_column(h, justify="left" if h in ("load", "target", "test") else "right")
         for row in rows:
-            style = styles.get(row[-1]) if title == "Verdicts" else None
+            style = styles.get(row[-1]) if title.endswith("erdicts") else None
             table.add_row(*row, style=style)
         console.print(table)
-    for v in report.verdicts:
+    for v in [*report.verdicts, *report.baseline_verdicts]:
         console.print(f"[{styles[v.word]}]{v.word}[/]: {v.name} = {v.measured} (target {v.target})")
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
@@ -832,7 +1232,30 @@ def markdown(report: Report, chart: Path | None) -> str:
         "includes the client's cost, equally for every target.",
         "- wrk's server CPU is that of the process wrk talks to: the simulator (direct), the "
         "nginx worker (nginx), the gateway (gateway); the simulator works behind every target.",
+        "- CPU ms/request: the CPU time (user + system, /proc, in ticks of "
+        f"{1000 / os.sysconf('SC_CLK_TCK'):g} ms) the serving process used over a cell's timed "
+        "window (warm-up excluded) divided by the requests it completed in that window: the "
+        "simulator (direct), the nginx worker (nginx), each gateway's own process (its "
+        "background work in that window, such as scraping the simulator, included); shown as "
+        "the median over rounds, then each round's value.",
     ]
+    for name, folder in report.sources.items():
+        how = "the working tree's code (this interpreter, this cwd)"
+        if report.baseline is not None and name == report.baseline.name:
+            b = report.baseline
+            how = (
+                f"`git archive {b.sha}` (ref `{b.ref}`) extracted there, run as "
+                f"`python -m {b.module} serve` with cwd and PYTHONPATH set to that folder"
+            )
+        parts.append(f"- `{name}` ran from `{folder}`: {how}; checked by importing `gateway` "
+                     "there before the start.")  # fmt: skip
+    if report.baseline is not None:
+        parts.append(
+            f"- Against the baseline: the criterion is the gateway's CPU/request and added p50 "
+            f"at {VERDICT_CONNECTIONS} connections no worse than {MAX_BASELINE_RATIO:g}x "
+            f"`{report.baseline.name}`'s, both measured in this run, in the same rounds, in "
+            "rotating order; the per-round columns show how far rounds disagree."
+        )
     parts += [f"- Note: {n}" for n in report.notes]
     for title, head, rows in sections(report):
         parts += ["", f"## {title}", "", markdown_table(head, rows)]
@@ -860,8 +1283,9 @@ def chart(report: Report, path: Path) -> None:
             p99 = [c.stats[name].p99_ms for c in cells]
             p50 = [c.stats[name].p50_ms for c in cells]
             # p99 drawn pale behind the p50 bar of the same target.
-            ax.bar(xs, p99, width, color=colors.get(name), alpha=0.35, label=f"{name} p99")
-            ax.bar(xs, p50, width * 0.6, color=colors.get(name), label=f"{name} p50")
+            color = colors.get(name, "tab:red")  # the baseline's gateway
+            ax.bar(xs, p99, width, color=color, alpha=0.35, label=f"{name} p99")
+            ax.bar(xs, p50, width * 0.6, color=color, label=f"{name} p50")
         ax.set_xticks(range(len(cells)), [f"{c.concurrency} conn" for c in cells])
         ax.set_yscale("log")
         plain = FuncFormatter(lambda v, _: f"{v:g}")
