@@ -90,13 +90,25 @@ def bench_overhead(
     out: Annotated[
         Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
     ] = Path("docs/results/overhead.json"),
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="REF",
+            help="Git ref (commit, tag, HEAD~3) whose gateway runs side by side with the working "
+            "tree's, as target gateway@<sha>; adds a gateway-vs-baseline section (CPU/request and "
+            "added p50, criterion: no worse than 5% above).",
+        ),
+    ] = None,
 ) -> None:
     """The gateway's own cost: added latency, added TTFT and throughput of one gateway worker,
-    against the same instant simulator called directly and through nginx (the floor)."""
+    against the same instant simulator called directly and through nginx (the floor), and
+    optionally against the gateway of another commit."""
     from loadtests.overhead import Options, run
 
     _logging("warning")
-    run(Options(duration_s=duration, rounds=rounds, rate=rate, wrk_seconds=wrk_seconds, out=out))
+    run(Options(duration_s=duration, rounds=rounds, rate=rate, wrk_seconds=wrk_seconds, out=out,
+                baseline=baseline))  # fmt: skip
 
 
 @bench.command("triton")
