@@ -33,6 +33,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams
+
 __all__ = [
     "BackendConfig",
     "ConfigError",
@@ -47,9 +49,6 @@ __all__ = [
 ENV_PREFIX = "TIERGATE_"
 CONFIG_ENV_VAR = f"{ENV_PREFIX}CONFIG"
 
-PolicyName = Literal[
-    "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
-]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 # Tier names end up as Prometheus label values and in response headers: keep them plain.
@@ -67,13 +66,9 @@ class ConfigError(Exception):
         self.problems = tuple(problems)
 
 
-class _FieldError(ValueError):
-    """Raised by model-level validators so the report names the offending field, not the model."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.reason = message
+# Raised by model-level validators so the report names the offending field, not the model; the
+# routing parameters' relations (PolicyParams) raise the same error.
+_FieldError = ParamError
 
 
 class _Model(BaseModel):
@@ -147,35 +142,14 @@ class TierConfig(_Model):
     backends: list[BackendConfig] = Field(min_length=1)
 
 
-class PolicyConfig(_Model):
-    name: PolicyName = "golden-range"
-    latency_max_concurrency: int = Field(default=16, gt=0)
-    # 0 disables hysteresis: the latency tier flips exactly at latency_max_concurrency.
-    hysteresis: int = Field(default=2, ge=0)
-    latency_hard_cap: int = Field(default=24, gt=0)
-    # 0 is meaningful: any queued request marks a throughput backend saturated.
-    max_waiting: int = Field(default=8, ge=0)
-    # Power of two choices only pays off with several backends; below this, scan them all.
-    p2c_min_pool: int = Field(default=4, ge=2)
+class PolicyConfig(PolicyParams):
+    """The routing policy's name and parameters (defined with the policies, in PolicyParams),
+    and what the gateway does around its decisions. Frozen, extras forbidden, like _Model."""
+
+    name: PolicyName = DEFAULT_POLICY
     # 0 answers 429 at once instead of queueing when everything is saturated.
     queue_deadline_s: float = Field(default=5.0, ge=0)
     seed: int | None = None
-
-    @model_validator(mode="after")
-    def _check_relations(self) -> Self:
-        if self.latency_hard_cap < self.latency_max_concurrency:
-            raise _FieldError(
-                "latency_hard_cap",
-                f"must be >= latency_max_concurrency ({self.latency_max_concurrency}),"
-                f" got {self.latency_hard_cap}",
-            )
-        if self.hysteresis >= self.latency_max_concurrency:
-            raise _FieldError(
-                "hysteresis",
-                f"must be < latency_max_concurrency ({self.latency_max_concurrency}),"
-                f" got {self.hysteresis}",
-            )
-        return self
 
 
 class RetryConfig(_Model):
@@ -352,7 +326,7 @@ def _problems(exc: ValidationError) -> list[str]:
     for error in exc.errors(include_url=False, include_input=False):
         loc = list(error["loc"])
         cause = (error.get("ctx") or {}).get("error")
-        if isinstance(cause, _FieldError):
+        if isinstance(cause, ParamError):
             problems.append(f"{_format_loc([*loc, cause.field])}: {cause.reason}")
             continue
         message = error["msg"].removeprefix("Value error, ")

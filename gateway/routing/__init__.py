@@ -1,22 +1,23 @@
-"""Pure routing: which backends, in what order, for one request given one load snapshot."""
+"""Pure routing: which backends, in what order, for one request given one load snapshot.
 
-from gateway.routing.policies import (
+Stages, each pure and tested on its own: ``filters`` (who may take the request), ``saturation``
+(who has room), ``order`` (in what order), ``golden`` and ``baselines`` (the policies built from
+them), ``policies`` (the catalog), ``params`` (the names and parameters, defined once).
+"""
+
+from gateway.routing.params import (
     DEFAULT_POLICY,
-    POLICIES,
-    Policy,
-    get_policy,
-    golden_range,
-    latency_only,
-    least_loaded,
-    round_robin,
-    throughput_only,
+    POLICY_NAMES,
+    ParamError,
+    PolicyName,
+    PolicyParams,
 )
+from gateway.routing.policies import POLICIES, Policy, build_policy
 from gateway.routing.types import (
     Backend,
     BackendLoad,
     Decision,
     LoadSnapshot,
-    PolicyParams,
     Reason,
     Role,
     RouteRequest,
@@ -26,20 +27,18 @@ from gateway.routing.types import (
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
+    "POLICY_NAMES",
     "Backend",
     "BackendLoad",
     "Decision",
     "LoadSnapshot",
+    "ParamError",
     "Policy",
+    "PolicyName",
     "PolicyParams",
     "Reason",
     "Role",
     "RouteRequest",
     "RouterState",
-    "get_policy",
-    "golden_range",
-    "latency_only",
-    "least_loaded",
-    "round_robin",
-    "throughput_only",
+    "build_policy",
 ]

@@ -12,7 +12,6 @@ __all__ = [
     "BackendLoad",
     "Decision",
     "LoadSnapshot",
-    "PolicyParams",
     "Reason",
     "Role",
     "RouteRequest",
@@ -105,27 +104,6 @@ class RouteRequest:
     pinned: Role | None = None
     stream: bool = False
     exclude: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyParams:
-    latency_max_concurrency: int = 16  # the tutorial's golden range for EAGLE-3
-    hysteresis: int = 2
-    latency_hard_cap: int = 24  # overflow limit when the throughput pool is saturated
-    max_waiting: int = 8
-    p2c_min_pool: int = 4
-
-    def __post_init__(self) -> None:
-        if self.latency_max_concurrency < 1:
-            raise ValueError("latency_max_concurrency must be >= 1")
-        if not 0 <= self.hysteresis < self.latency_max_concurrency:
-            raise ValueError("hysteresis must be in [0, latency_max_concurrency)")
-        if self.latency_hard_cap < self.latency_max_concurrency:
-            raise ValueError("latency_hard_cap must be >= latency_max_concurrency")
-        if self.max_waiting < 0:
-            raise ValueError("max_waiting must be >= 0")
-        if self.p2c_min_pool < 2:
-            raise ValueError("p2c_min_pool must be >= 2 (two choices need two candidates)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,11 @@
-"""Tests of the pure routing policies (gateway.routing)."""
+"""The routing policies end to end, as built from the catalog (gateway.routing.build_policy).
+
+Each stage has its own tables: test_routing_filters, _saturation, _order, _golden, _params,
+_types.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,74 +15,46 @@ import pytest
 from gateway.routing import (
     DEFAULT_POLICY,
     POLICIES,
+    POLICY_NAMES,
     Backend,
     BackendLoad,
-    Decision,
     LoadSnapshot,
+    ParamError,
     PolicyParams,
     Reason,
     Role,
     RouteRequest,
     RouterState,
-    get_policy,
-    golden_range,
+    build_policy,
+)
+from gateway.routing.golden import GoldenRange
+from tests.unit.routingfixtures import (
+    CLOSED,
+    L0,
+    L1,
+    MODEL,
+    OPEN,
+    OTHER,
+    POOL,
+    SATURATED_POOL,
+    T0,
+    T1,
+    T2,
+    T3,
+    T4,
+    T_OTHER,
+    P,
+    load,
+    names,
+    snap,
+    urls,
 )
 
-MODEL = "llama-2-7b-chat"
-OTHER = "mistral-7b"
 
-
-def lat(i: int = 0, models: frozenset[str] = frozenset({MODEL})) -> Backend:
-    return Backend(f"http://eagle-{i}:8000", "eagle3", Role.LATENCY, models)
-
-
-def thr(i: int, models: frozenset[str] = frozenset({MODEL})) -> Backend:
-    return Backend(f"http://awq-{i}:8000", "awq", Role.THROUGHPUT, models)
-
-
-L0, L1 = lat(0), lat(1)
-T0, T1, T2, T3, T4 = (thr(i) for i in range(5))
-T_OTHER = thr(9, frozenset({OTHER}))
-
-
-def load(
-    running: int = 0,
-    waiting: int = 0,
-    *,
-    inflight: int = 0,
-    healthy: bool = True,
-    stale: bool = False,
-) -> BackendLoad:
-    return BackendLoad(
-        running=running,
-        waiting=waiting,
-        kv_usage=0.0,
-        inflight=inflight,
-        healthy=healthy,
-        stale=stale,
-    )
-
-
-def snap(*pairs: tuple[Backend, BackendLoad | None]) -> LoadSnapshot:
-    """Backends in configuration order; None leaves the backend out of the loads map."""
-    return LoadSnapshot(
-        backends=tuple(b for b, _ in pairs),
-        loads={b.url: ld for b, ld in pairs if ld is not None},
-        taken_at=1000.0,
-    )
-
-
-def urls(d: Decision) -> list[str]:
-    return [b.url for b in d.candidates]
-
-
-def names(*backends: Backend) -> list[str]:
-    return [b.url for b in backends]
-
-
-OPEN = RouterState(latency_open=True)
-CLOSED = RouterState(latency_open=False)
-P = PolicyParams()  # cap 16, hysteresis 2, hard cap 24, max_waiting 8, p2c from 4
+def golden(params: PolicyParams = P) -> GoldenRange:
+    policy = build_policy("golden-range", params)
+    assert isinstance(policy, GoldenRange)
+    return policy
 
 
 @dataclass(frozen=True)
@@ -92,10 +67,6 @@ class Case:
     req: RouteRequest = field(default_factory=lambda: RouteRequest(MODEL))
     params: PolicyParams = P
 
-
-# Throughput pool of three (below p2c_min_pool), loads 3/1/2 so order is T1, T2, T0.
-POOL = ((T0, load(3)), (T1, load(1)), (T2, load(2)))
-SATURATED_POOL = ((T0, load(1, 9)), (T1, load(2, 10)), (T2, load(1, 12)))  # loads 10 < 12 < 13
 
 GOLDEN_CASES = {
     "below-cap-latency-first": Case(
@@ -280,7 +251,7 @@ GOLDEN_CASES = {
 
 @pytest.mark.parametrize("case", GOLDEN_CASES.values(), ids=GOLDEN_CASES.keys())
 def test_golden_range(case: Case) -> None:
-    d = golden_range(case.req, case.snapshot, case.state, case.params, random.Random(0))
+    d = golden(case.params)(case.req, case.snapshot, case.state, random.Random(0))
     assert urls(d) == names(*case.expected)
     assert d.reason == case.reason
     assert d.policy == "golden-range"
@@ -291,10 +262,9 @@ def test_golden_range_hysteresis_walk() -> None:
     """The latency tier's level rises through the cap and falls back: no flapping at 15/16."""
     state = OPEN
     seen = []
+    policy = golden()
     for level in [14, 15, 16, 15, 16, 15, 14, 13, 14, 15, 16]:
-        d = golden_range(
-            RouteRequest(MODEL), snap((L0, load(level)), *POOL), state, P, random.Random(1)
-        )
+        d = policy(RouteRequest(MODEL), snap((L0, load(level)), *POOL), state, random.Random(1))
         assert d.primary is not None
         seen.append(d.primary.role)
         state = d.state
@@ -307,7 +277,7 @@ def test_p2c_primary_is_the_lighter_of_two_sampled(seed: int) -> None:
     pool = [T0, T1, T2, T3, T4]
     loads = [4, 0, 3, 1, 2]
     s = snap((L0, load(16)), *((b, load(n)) for b, n in zip(pool, loads, strict=True)))
-    d = golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(seed))
+    d = golden()(RouteRequest(MODEL), s, OPEN, random.Random(seed))
     # Same seed, same draw: the policy's first use of the rng is the two-choice sample.
     a, b = random.Random(seed).sample(pool, 2)
     expected = b if loads[pool.index(b)] < loads[pool.index(a)] else a
@@ -321,9 +291,9 @@ def test_p2c_primary_is_the_lighter_of_two_sampled(seed: int) -> None:
 def test_p2c_spreads_load_but_never_picks_the_busiest() -> None:
     pool = [T0, T1, T2, T3, T4]
     s = snap(*((b, load(n)) for b, n in zip(pool, [0, 1, 2, 3, 4], strict=True)))
+    policy = golden()
     picks = Counter(
-        golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(seed)).primary
-        for seed in range(400)
+        policy(RouteRequest(MODEL), s, OPEN, random.Random(seed)).primary for seed in range(400)
     )
     assert T4 not in picks  # the busiest loses every pairing
     assert set(picks) == {T0, T1, T2, T3}  # not plain least-loaded
@@ -334,23 +304,24 @@ def test_p2c_only_among_backends_with_room() -> None:
     pool = [T0, T1, T2, T3, T4]
     loads = [load(0, 9), load(5), load(6), load(7), load(8)]  # T0 queued past max_waiting
     s = snap(*zip(pool, loads, strict=True))
+    policy = golden()
     for seed in range(100):
-        d = golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(seed))
+        d = policy(RouteRequest(MODEL), s, OPEN, random.Random(seed))
         assert d.candidates[-1] == T0
 
 
 def test_small_pool_is_plain_least_loaded() -> None:
     s = snap((T0, load(3)), (T1, load(1)), (T2, load(2)))
-    assert {
-        golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(k)).primary for k in range(50)
-    } == {T1}
+    policy = golden()
+    primaries = {policy(RouteRequest(MODEL), s, OPEN, random.Random(k)).primary for k in range(50)}
+    assert primaries == {T1}
 
 
 def test_ties_broken_by_rng_not_config_order() -> None:
     s = snap((L0, load(16)), (T0, load(2)), (T1, load(2)), (T2, load(2)))
+    policy = golden()
     orders = {
-        tuple(urls(golden_range(RouteRequest(MODEL), s, OPEN, P, random.Random(k))))
-        for k in range(60)
+        tuple(urls(policy(RouteRequest(MODEL), s, OPEN, random.Random(k)))) for k in range(60)
     }
     assert len(orders) == 6  # every permutation of the three tied backends shows up
     assert all(o[-1] == L0.url for o in orders)
@@ -360,9 +331,10 @@ def test_same_seed_same_decision_and_inputs_untouched() -> None:
     loads = {L0.url: load(16), T0.url: load(1), T1.url: load(1), T2.url: load(1), T3.url: load(1)}
     s = LoadSnapshot(backends=(L0, T0, T1, T2, T3), loads=loads, taken_at=5.0)
     req = RouteRequest(MODEL)
-    first = golden_range(req, s, OPEN, P, random.Random(42))
+    policy = golden()
+    first = policy(req, s, OPEN, random.Random(42))
     loads[T0.url] = load(99)  # the snapshot copied the mapping: this changes nothing
-    assert golden_range(req, s, OPEN, P, random.Random(42)) == first
+    assert policy(req, s, OPEN, random.Random(42)) == first
     assert s.load(T0.url) == load(1)
     assert s.taken_at == 5.0
 
@@ -459,15 +431,15 @@ COMPARISON_CASES = {
 def test_comparison_policies(
     policy: str, snapshot: LoadSnapshot, req: RouteRequest, expected: list[Backend], reason: Reason
 ) -> None:
-    d = POLICIES[policy](req, snapshot, OPEN, P, random.Random(0))
+    d = build_policy(policy, P)(req, snapshot, OPEN, random.Random(0))
     assert urls(d) == names(*expected)
     assert d.reason == reason
     assert d.policy == policy
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_every_policy_no_backend(policy: str) -> None:
-    d = POLICIES[policy](RouteRequest("unknown"), MIXED, OPEN, P, random.Random(0))
+    d = build_policy(policy, P)(RouteRequest("unknown"), MIXED, OPEN, random.Random(0))
     assert d.candidates == ()
     assert d.primary is None
     assert d.reason == Reason.NO_BACKEND
@@ -476,8 +448,9 @@ def test_every_policy_no_backend(policy: str) -> None:
 def test_round_robin_rotates_through_state() -> None:
     state = RouterState()
     primaries = []
+    policy = build_policy("round-robin", P)
     for _ in range(6):
-        d = POLICIES["round-robin"](RouteRequest(MODEL), MIXED, state, P, random.Random(0))
+        d = policy(RouteRequest(MODEL), MIXED, state, random.Random(0))
         assert d.primary is not None
         primaries.append(d.primary)
         # the whole rotation is the failover order
@@ -490,67 +463,29 @@ def test_round_robin_rotates_through_state() -> None:
 
 def test_round_robin_ignores_load() -> None:
     s = snap((T0, load(100)), (T1, load(0)))
-    d = POLICIES["round-robin"](RouteRequest(MODEL), s, RouterState(rr=0), P, random.Random(0))
+    d = build_policy("round-robin", P)(RouteRequest(MODEL), s, RouterState(rr=0), random.Random(0))
     assert d.primary == T0
 
 
-def test_registry() -> None:
-    assert set(POLICIES) == {
-        "golden-range",
-        "least-loaded",
-        "round-robin",
-        "latency-only",
-        "throughput-only",
-    }
-    assert get_policy(DEFAULT_POLICY) is golden_range
-    with pytest.raises(KeyError, match="golden-range"):
-        get_policy("random")
+def test_catalog() -> None:
+    five = {"golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"}
+    assert set(POLICIES) == set(POLICY_NAMES) == five
+    assert DEFAULT_POLICY == "golden-range"
+    policy = build_policy(DEFAULT_POLICY, P)
+    assert isinstance(policy, GoldenRange)
+    assert policy.name == DEFAULT_POLICY
+    with pytest.raises(ParamError, match="golden-range") as info:
+        build_policy("random", P)
+    assert info.value.field == "name"
     with pytest.raises(TypeError):
-        POLICIES["mine"] = golden_range  # type: ignore[index]
+        POLICIES["mine"] = GoldenRange.build  # type: ignore[index]
 
 
-@pytest.mark.parametrize(
-    ("bl", "effective"),
-    [
-        pytest.param(load(3, 2, inflight=4), 5, id="scrape-above-inflight"),
-        pytest.param(load(3, 2, inflight=9), 9, id="inflight-above-scrape"),
-        pytest.param(load(30, 20, inflight=4, stale=True), 4, id="stale-inflight-only"),
-        pytest.param(BackendLoad(), 0, id="defaults"),
-    ],
-)
-def test_effective_load(bl: BackendLoad, effective: int) -> None:
-    assert bl.effective == effective
-
-
-def test_missing_load_is_healthy_idle_stale() -> None:
-    s = snap((T0, None))
-    assert s.load(T0.url) == BackendLoad(healthy=True, stale=True)
-    assert s.load("http://nowhere").effective == 0
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        pytest.param({"latency_max_concurrency": 0}, id="cap-zero"),
-        pytest.param({"hysteresis": 16}, id="hysteresis-not-below-cap"),
-        pytest.param({"hysteresis": -1}, id="negative-hysteresis"),
-        pytest.param({"latency_hard_cap": 15}, id="hard-cap-below-cap"),
-        pytest.param({"max_waiting": -1}, id="negative-max-waiting"),
-        pytest.param({"p2c_min_pool": 1}, id="p2c-pool-of-one"),
-    ],
-)
-def test_policy_params_rejects(kwargs: dict[str, int]) -> None:
-    with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
-        PolicyParams(**kwargs)
-
-
-def test_values_are_frozen() -> None:
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        P.hysteresis = 5  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        MIXED.loads[T0.url] = load()  # type: ignore[index]
-    assert Role("latency") is Role.LATENCY
-    assert str(Reason.GOLDEN_RANGE) == "golden_range"
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_is_named_by_the_catalog(policy: str) -> None:
+    built = build_policy(policy, P)
+    assert built.name == policy
+    assert built(RouteRequest(MODEL), MIXED, OPEN, random.Random(0)).policy == policy
 
 
 def _random_scenario(
@@ -595,13 +530,13 @@ def _random_scenario(
     return req, LoadSnapshot(tuple(backends), loads, 0.0), state, params
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_property_candidates_are_exactly_the_eligible_backends(policy: str) -> None:
     """hypothesis is not a project dependency, so: 1,500 seeded random scenarios per policy."""
     gen = random.Random(f"routing-{policy}")
     for _ in range(1500):
         req, s, state, params = _random_scenario(gen)
-        d = POLICIES[policy](req, s, state, params, random.Random(gen.random()))
+        d = build_policy(policy, params)(req, s, state, random.Random(gen.random()))
         got = urls(d)
         assert len(got) == len(set(got)), "a backend repeats"
         for b in d.candidates:

@@ -1,0 +1,96 @@
+"""The routing policies' names and parameters, each defined once.
+
+Settings (YAML, ``TIERGATE_POLICY__*``), the policy catalog and the load tests all read them from
+here: a parameter's default, bounds, meaning and its relations to the others live in
+``PolicyParams`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, Self, TypeGuard, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICY_NAMES",
+    "ParamError",
+    "PolicyName",
+    "PolicyParams",
+    "is_policy_name",
+]
+
+PolicyName = Literal[
+    "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
+]
+POLICY_NAMES: Final[tuple[str, ...]] = get_args(PolicyName)
+DEFAULT_POLICY: Final[PolicyName] = "golden-range"
+
+
+def is_policy_name(name: str) -> TypeGuard[PolicyName]:
+    return name in POLICY_NAMES
+
+
+class ParamError(ValueError):
+    """An invalid parameter, named by ``field``: raised from a model validator, it lets a report
+    point at ``policy.hysteresis`` rather than at the whole block."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class PolicyParams(BaseModel):
+    """Every parameter a routing policy reads. Each policy takes what it needs at build time."""
+
+    # Frozen: a built policy must not change under its callers; extras forbidden: a typo in a
+    # parameter's name must not fall back to the default silently.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    latency_max_concurrency: int = Field(
+        default=16,
+        gt=0,
+        description="Golden range of the latency tier: it takes work while its least-loaded"
+        " backend has fewer requests than this (16: the tutorial's EAGLE-3 batch size).",
+    )
+    hysteresis: int = Field(
+        default=2,
+        ge=0,
+        description="Once closed at latency_max_concurrency, the latency tier reopens only"
+        " below latency_max_concurrency - hysteresis; 0 flips exactly at the limit.",
+    )
+    latency_hard_cap: int = Field(
+        default=24,
+        gt=0,
+        description="A latency backend at this many requests is saturated: past it, speculative"
+        " decoding loses to the throughput tier. Sharing and overflow stop here.",
+    )
+    max_waiting: int = Field(
+        default=8,
+        ge=0,
+        description="A throughput backend whose fresh scrape shows more queued requests than"
+        " this is saturated; 0: any queued request saturates it.",
+    )
+    p2c_min_pool: int = Field(
+        default=4,
+        ge=2,
+        description="Throughput pools with at least this many backends with room pick their"
+        " first by power of two choices; smaller ones go strictly by load.",
+    )
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Self:
+        if self.latency_hard_cap < self.latency_max_concurrency:
+            raise ParamError(
+                "latency_hard_cap",
+                f"must be >= latency_max_concurrency ({self.latency_max_concurrency}),"
+                f" got {self.latency_hard_cap}",
+            )
+        if self.hysteresis >= self.latency_max_concurrency:
+            raise ParamError(
+                "hysteresis",
+                f"must be < latency_max_concurrency ({self.latency_max_concurrency}),"
+                f" got {self.hysteresis}",
+            )
+        return self
