@@ -69,9 +69,11 @@ class BackendLoad:
     def effective(self) -> int:
         # vLLM's queue gauges lag by seconds under load; our own in-flight count is fresher, so
         # take whichever is larger, and only the in-flight count once the scrape is stale.
+        # (Spelled out rather than max(): every decision reads this several times per backend.)
         if self.stale:
             return self.inflight
-        return max(self.running + self.waiting, self.inflight)
+        queued = self.running + self.waiting
+        return queued if queued > self.inflight else self.inflight
 
 
 # A backend the monitor has not reported yet: usable, nothing known about it but our own count.
@@ -87,13 +89,18 @@ class LoadSnapshot:
         default_factory=lambda: MappingProxyType({}), hash=False
     )
     taken_at: float = 0.0
+    # The copy behind ``loads``, which ``load`` reads directly: a decision reads a few hundred
+    # loads, and each read through the proxy costs half as much again.
+    _by_url: dict[str, BackendLoad] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Copy, so a caller mutating its dict cannot change a snapshot a decision was made on.
-        object.__setattr__(self, "loads", MappingProxyType(dict(self.loads)))
+        by_url = dict(self.loads)
+        object.__setattr__(self, "_by_url", by_url)
+        object.__setattr__(self, "loads", MappingProxyType(by_url))
 
     def load(self, url: str) -> BackendLoad:
-        return self.loads.get(url, _UNKNOWN_LOAD)
+        return self._by_url.get(url, _UNKNOWN_LOAD)
 
 
 @dataclass(frozen=True, slots=True)
