@@ -25,11 +25,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from gateway.routing import POLICY_NAMES, PolicyName
 from loadtests.phases import SHAPES, PhaseStats, Run, Slo, phase_stats, run_phases
 from loadtests.stack import MODEL, Stack, add_gateway, start_stack
 
-POLICIES = ("golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only")
-GOLDEN = "golden-range"
+POLICIES = POLICY_NAMES
+GOLDEN: PolicyName = "golden-range"
 
 
 def _wait_idle(stack: Stack, timeout: float = 120.0) -> None:
