@@ -91,7 +91,10 @@ async def open_gateway(settings: Settings) -> AsyncIterator[Gateway]:
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
         store = make_store(settings.redis_url)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(
+            limit=0, ttl_dns_cache=300, enable_cleanup_closed=True,
+            keepalive_timeout=settings.upstream_keepalive_s,
+        )  # fmt: skip
         session = aiohttp.ClientSession(
             connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
         )

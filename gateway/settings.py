@@ -33,6 +33,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway import wire
 from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams
 
 __all__ = [
@@ -80,7 +81,8 @@ class BackendConfig(_Model):
     url: str
     api_key: SecretStr | None = None
     models: list[NonEmptyStr] = Field(min_length=1)
-    kind: Literal["vllm", "triton"] = "vllm"
+    # The engine's protocol: the name of a wire adapter (gateway/wire/: vllm, triton).
+    kind: str = "vllm"
     # Where the monitor reads load; default <url>/metrics. Triton serves metrics on a port of
     # their own (8002 by default), e.g. http://host:8002/metrics.
     metrics_url: str | None = None
@@ -111,6 +113,14 @@ class BackendConfig(_Model):
         if parts.query or parts.fragment:
             raise ValueError("must be a base URL without query or fragment")
         return value.rstrip("/")
+
+    @field_validator("kind")
+    @classmethod
+    def _check_kind(cls, value: str) -> str:
+        known = wire.kinds()
+        if value not in known:
+            raise ValueError(f"unknown engine kind {value!r}; choose from {', '.join(known)}")
+        return value
 
     @model_validator(mode="after")
     def _check_triton_models(self) -> Self:
@@ -222,6 +232,10 @@ class Settings(BaseSettings):
     log_json: bool = False
     request_timeout_s: float = Field(default=600, gt=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
+    # Idle pooled connections to the engines are closed after this. Below the engines' own
+    # keep-alive (vLLM's and uvicorn's: 5 s), or the gateway may send a request on a connection
+    # the engine is closing at that moment, and the request fails for nothing.
+    upstream_keepalive_s: float = Field(default=4.0, gt=0)
 
     @field_validator("api_keys", mode="before")
     @classmethod
