@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gateway.routing import POLICY_NAMES
+
 bench = typer.Typer(help="Benchmarks (each prints its measurements and their sample counts).")
 
 
@@ -15,6 +17,14 @@ def _logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+def _policies(names: list[str] | None) -> list[str] | None:
+    unknown = [n for n in names or () if n not in POLICY_NAMES]
+    if unknown:
+        choices = ", ".join(POLICY_NAMES)
+        raise typer.BadParameter(f"unknown {', '.join(unknown)}; choose from {choices}")
+    return names
 
 
 @bench.command("calibrate")
@@ -49,7 +59,11 @@ def bench_routing(
         list[str] | None, typer.Option(help="Shapes to run: step, burst (default both).")
     ] = None,
     policy: Annotated[
-        list[str] | None, typer.Option(help="Policies to compare (default all five).")
+        list[str] | None,
+        typer.Option(
+            callback=_policies,
+            help=f"Policies to compare (default all: {', '.join(POLICY_NAMES)}).",
+        ),
     ] = None,
     speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
     slo_ttft: Annotated[float, typer.Option(help="TTFT SLO, seconds.")] = 1.0,

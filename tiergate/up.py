@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gateway.routing import DEFAULT_POLICY, PolicyName
+
 
 def up(
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
@@ -16,7 +18,7 @@ def up(
     latency_profile: Annotated[str, typer.Option(help="Profile of the latency tier.")] = "v4",
     throughput_profile: Annotated[str, typer.Option(help="Profile of the throughput pool.")] = "v3",
     sim_port: Annotated[int, typer.Option(help="First simulator port.")] = 8201,
-    policy: Annotated[str, typer.Option(help="Routing policy.")] = "golden-range",
+    policy: Annotated[PolicyName, typer.Option(help="Routing policy.")] = DEFAULT_POLICY,
     speedup: Annotated[float, typer.Option(help="Run the simulators N times faster.")] = 1.0,
     redis_url: Annotated[
         str | None, typer.Option(envvar="TIERGATE_REDIS_URL", help="Share in-flight state.")
