@@ -56,13 +56,15 @@ def demo_settings() -> dict[str, Any]:
 
     The golden range and the batch/queue limits are scaled down so that a few dozen users (what
     two cores can drive) take it from "all on the latency tier" through "split" to "saturated,
-    429". 500 is retried so that injected engine errors exercise retries and failovers; a small
-    retry budget floor lets a burst of failures exhaust it. The monitor scrapes at its default
-    interval, as deployed.
+    429". The queue deadline is short because a queued request takes capacity the moment it
+    frees: only a queue longer than a tenth of a second of service turns into 429s. 500 is
+    retried so that injected engine errors exercise retries and failovers; a small retry budget
+    floor lets a burst of failures exhaust it. The monitor scrapes at its default interval, as
+    deployed.
     """
     return {
         "policy": {"latency_max_concurrency": 6, "hysteresis": 2, "latency_hard_cap": 8,
-                   "max_waiting": 3, "queue_deadline_s": 0.3},
+                   "max_waiting": 3, "queue_deadline_s": 0.1},
         "retry": {"retry_statuses": [429, 500, 502, 503, 504], "budget_min_per_s": 1.0},
         "monitor": {"scrape_interval_s": 0.25, "probe_interval_s": 0.5},
         "log_level": "warning",
