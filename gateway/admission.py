@@ -1,10 +1,10 @@
 """Admission control: route the exchange, or hold it while every backend is saturated.
 
 A saturated decision (the policy's saturation detector: the latency tier at its hard cap, every
-throughput backend with a long queue) waits until capacity may have freed (a lease given back,
-new load figures from the monitor: the registry's change signal) and is decided again, up to
-`policy.queue_deadline_s`. Then the client gets 429 with Retry-After; with no backend in
-rotation at all, 503.
+throughput backend with a long queue) waits until capacity may have freed (a lease given back
+wakes the longest waiter, new load figures from the monitor wake all: the registry's change
+signal) and is decided again, up to `policy.queue_deadline_s`. Then the client gets 429 with
+Retry-After; with no backend in rotation at all, 503.
 """
 
 from __future__ import annotations
@@ -57,11 +57,13 @@ class Admission:
         deadline = self.clock() + self.deadline_s
         self.telemetry.queued.inc()
         try:
+            woken = False
             while decision.reason == Reason.SATURATED:
                 left = deadline - self.clock()
                 if left <= 0:
                     break
-                await self.changed.wait(left)
+                # Woken before and still no room: wait again at the front of the line.
+                woken = await self.changed.wait(left, front=woken)
                 decision = self.decide(req)
         finally:
             self.telemetry.queued.dec()

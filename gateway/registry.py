@@ -9,8 +9,10 @@ the in-flight count it holds is given back on every exit path, cancellation incl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -73,40 +75,59 @@ class BackendEntry:
 
 
 class ChangeSignal:
-    """Wakes whoever waits for capacity (admission) when some may have freed: a lease given
-    back, or new load figures. Waiters then look again; nothing polls."""
+    """Wakes whoever waits for capacity (admission) when some may have freed; nothing polls.
+
+    A lease given back frees one slot: `notify_one` wakes the longest waiter only, so a release
+    costs one routing decision, not one per queued request. New load figures or a backend back
+    in rotation may free many: `notify` wakes them all. A waiter that was woken but could not
+    use the room waits again at the front, keeping its place.
+    """
 
     __slots__ = ("_waiters",)
 
     def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     def notify(self) -> None:
         if self._waiters:
-            waiters, self._waiters = self._waiters, []
+            waiters, self._waiters = self._waiters, deque()
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def wait(self, seconds: float) -> bool:
-        """Until the next notify (True) or `seconds` have passed (False)."""
+    def notify_one(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def wait(self, seconds: float, *, front: bool = False) -> bool:
+        """Until woken (True) or `seconds` have passed (False); `front`: ahead of the others."""
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        if front:
+            self._waiters.appendleft(fut)
+        else:
+            self._waiters.append(fut)
         try:
             async with asyncio.timeout(seconds):
                 await fut
             return True
         except TimeoutError:
             return False
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.notify_one()  # woken, then gone: the room goes to the next in line
+            raise
         finally:
             if not fut.done():
                 fut.cancel()
-            if fut in self._waiters:
+            with contextlib.suppress(ValueError):  # already taken off by a notify
                 self._waiters.remove(fut)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return sum(not f.done() for f in self._waiters)
 
 
 class Lease:
@@ -144,7 +165,7 @@ class Lease:
         e.waiting.discard(self)
         self.registry.store.release(e.url)
         e.inflight_gauge.dec()
-        self.registry.changed.notify()
+        self.registry.changed.notify_one()
 
 
 class Registry:

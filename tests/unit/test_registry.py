@@ -72,14 +72,18 @@ async def test_a_lease_is_given_back_on_every_exit(how: str) -> None:
     assert reg.entry(T1).waiting == set()
 
 
-async def test_giving_a_lease_back_wakes_whoever_waits_for_capacity() -> None:
+async def test_giving_a_lease_back_wakes_the_longest_waiter_for_capacity() -> None:
     reg = registry()
-    waiter = asyncio.create_task(reg.changed.wait(5.0))
+    first = asyncio.create_task(reg.changed.wait(5.0))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(reg.changed.wait(5.0))
     await asyncio.sleep(0)
     with reg.lease(reg.entry(T1)):
         await asyncio.sleep(0)
-        assert not waiter.done()
-    assert await asyncio.wait_for(waiter, 1.0) is True
+        assert not first.done()
+    assert await asyncio.wait_for(first, 1.0) is True
+    assert not second.done()  # one slot freed: one waiter woken
+    second.cancel()
 
 
 async def test_exiting_a_lease_twice_releases_once() -> None:
@@ -218,6 +222,42 @@ async def test_change_signal_wakes_every_waiter_once() -> None:
     signal.notify()
     assert await asyncio.gather(*waiters) == [True, True, True]
     assert signal.waiting == 0
+
+
+async def test_notify_one_wakes_in_order_and_a_rewait_at_the_front_keeps_its_place() -> None:
+    signal = ChangeSignal()
+    woken: list[str] = []
+
+    async def waiter(name: str, front: bool = False) -> None:
+        await signal.wait(5.0, front=front)
+        woken.append(name)
+
+    a = asyncio.create_task(waiter("a"))
+    await asyncio.sleep(0)
+    b = asyncio.create_task(waiter("b"))
+    await asyncio.sleep(0)
+    signal.notify_one()
+    await a
+    again = asyncio.create_task(waiter("a again", front=True))  # woken, no room: waits first
+    await asyncio.sleep(0)
+    signal.notify_one()
+    await again
+    signal.notify_one()
+    await b
+    assert woken == ["a", "a again", "b"]
+
+
+async def test_a_waiter_woken_then_cancelled_passes_the_room_on() -> None:
+    signal = ChangeSignal()
+    first = asyncio.create_task(signal.wait(5.0))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(signal.wait(5.0))
+    await asyncio.sleep(0)
+    signal.notify_one()
+    first.cancel()  # its client went away before it could use the room
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await asyncio.wait_for(second, 1.0) is True
 
 
 async def test_change_signal_times_out_and_forgets_the_waiter() -> None:
