@@ -383,8 +383,11 @@ def _openapi(app: FastAPI, events: list[type[BaseModel]]) -> dict[str, Any]:
 
 class GatewayApp:
     """The FastAPI app, with a fast lane for the proxy endpoints: POSTs to them go straight to
-    their `Proxy`. FastAPI's middleware wraps every `send` of every chunk; skipping it on the
-    hot path measurably raised the requests/s one worker carries."""
+    their `Proxy`, past FastAPI's middleware (which wraps every `send` of every chunk) and its
+    router. Measured by calling both with the same endpoint in-process (7 x 3,000 requests,
+    medians): 2 us per small request through the fast lane against 24 us through FastAPI, and
+    25 against 58 us for a 64-token stream, i.e. about 5% of the gateway's whole CPU per small
+    proxied request (~0.4 ms under wrk -c64)."""
 
     def __init__(self, app: FastAPI, hot: dict[str, Proxy]) -> None:
         self.app, self.hot = app, hot
