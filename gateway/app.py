@@ -340,7 +340,8 @@ def create_app(settings: Settings) -> GatewayApp:
 
     # Every answer the gateway gives itself is OpenAI error JSON, unknown paths included.
     async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
+        if not isinstance(exc, HTTPException):  # registered for HTTPException only
+            return await crashed(request, exc)
         return JSONResponse(error_body(exc.status_code, str(exc.detail)),
                             status_code=exc.status_code, headers=exc.headers)  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from typing import Self
 
 from gateway.routing.filters import eligible, of_role, pinned
 from gateway.routing.order import Ordering, by_load
@@ -16,15 +17,20 @@ __all__ = ["LeastLoaded", "RoundRobin", "TierFirst"]
 
 
 @dataclass(frozen=True, slots=True)
-class LeastLoaded:
-    """Every candidate by effective load, whatever its tier."""
+class _TierBlind:
+    """A policy that reads only the saturation limits of its parameters."""
 
     name: str
     saturation: Saturation
 
     @classmethod
-    def build(cls, name: str, params: PolicyParams) -> LeastLoaded:
+    def build(cls, name: str, params: PolicyParams) -> Self:
         return cls(name=name, saturation=Saturation.of(params))
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoaded(_TierBlind):
+    """Every candidate by effective load, whatever its tier."""
 
     def __call__(
         self, req: RouteRequest, snap: LoadSnapshot, state: RouterState, rng: random.Random
@@ -35,15 +41,8 @@ class LeastLoaded:
 
 
 @dataclass(frozen=True, slots=True)
-class RoundRobin:
+class RoundRobin(_TierBlind):
     """Load-blind: rotate through the candidates; the failover order continues the rotation."""
-
-    name: str
-    saturation: Saturation
-
-    @classmethod
-    def build(cls, name: str, params: PolicyParams) -> RoundRobin:
-        return cls(name=name, saturation=Saturation.of(params))
 
     def __call__(
         self, req: RouteRequest, snap: LoadSnapshot, state: RouterState, rng: random.Random
