@@ -40,7 +40,7 @@ from starlette.exceptions import HTTPException
 
 from gateway import api
 from gateway.admission import Admission
-from gateway.errors import GatewayError, error_body, error_json
+from gateway.errors import GatewayError, error_body
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.intake import Intake, Receive
 from gateway.load.monitor import Monitor
@@ -77,11 +77,8 @@ class Gateway:
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
         """Answer `ex` with the gateway's own error."""
         self.telemetry.child(self.telemetry.rejected, e.reason).inc()
-        body = e.body()
-        await ex.send({"type": "http.response.start", "status": e.status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            *ex.response_headers, *e.headers]})  # fmt: skip
-        await ex.send({"type": "http.response.body", "body": body})
+        headers = [(b"content-type", b"application/json"), *ex.response_headers, *e.headers]
+        await ex.answer(e.status, headers, e.body())
 
 
 @asynccontextmanager
@@ -135,6 +132,15 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw: Gateway = scope["state"]["gateway"]
         ex = gw.intake.open(self.endpoint, scope, send)
+        try:
+            await self._handle(gw, ex, receive)
+        except Exception:
+            log.exception("unexpected error", extra={"fields": {"request_id": ex.id}})
+            if not ex.responded:
+                message = "Internal gateway error; see the gateway's log."
+                await gw.reject(ex, GatewayError(500, message, reason="internal"))
+
+    async def _handle(self, gw: Gateway, ex: Exchange, receive: Receive) -> None:
         try:
             await gw.intake.read(ex, receive)
         except GatewayError as e:
@@ -399,27 +405,11 @@ class GatewayApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or (proxy := self.hot.get(scope["path"])) is None
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and (proxy := self.hot.get(scope["path"])) is not None
         ):
+            await proxy(scope, receive, send)
+        else:
             await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: MutableMapping[str, Any]) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        try:
-            await proxy(scope, receive, tracking_send)
-        except Exception:
-            log.exception("unexpected error on %s", scope["path"])
-            if not started:
-                body = error_json(500, "Internal gateway error; see the gateway's log.")
-                await send({"type": "http.response.start", "status": 500, "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())]})  # fmt: skip
-                await send({"type": "http.response.body", "body": body})
 

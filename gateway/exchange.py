@@ -59,6 +59,19 @@ class Exchange:
     output_tokens: int | None = None  # from the stream's usage, when it had one
     text_events: int = 0
     midstream_error: str | None = None
+    responded: bool = False  # the response has started: no other answer can be given now
+
+    async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Send the status line and headers; the body follows with `send`."""
+        self.responded = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response: `headers` get its content-length."""
+        await self.start_response(
+            status, [*headers, (b"content-length", str(len(body)).encode())]
+        )
+        await self.send({"type": "http.response.body", "body": body})
 
     def route_request(self) -> RouteRequest:
         """The features routing may look at."""

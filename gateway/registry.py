@@ -236,7 +236,7 @@ class Registry:
     def lease(self, entry: BackendEntry) -> Lease:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - the request path always runs in a task
-            raise RuntimeError("a lease is taken from inside a task")
+            raise RuntimeError("a lease must be taken inside a task")
         return Lease(self, entry, task)
 
     def healthy_models(self) -> set[str]:

@@ -139,16 +139,12 @@ class Upstream:
                 ]
                 if streaming:
                     headers.append((b"content-type", ctype))
-                    await ex.send({"type": "http.response.start", "status": 200,
-                                   "headers": headers})  # fmt: skip
+                    await ex.start_response(200, headers)
                     await self._relay(ex, resp, first, wire.relay(ex))
                     return
                 ex.status, body, ctype = wire.reply(ex, resp.status, first, ctype)
-                headers += [(b"content-type", ctype),
-                            (b"content-length", str(len(body)).encode())]  # fmt: skip
-                await ex.send({"type": "http.response.start", "status": ex.status,
-                               "headers": headers})  # fmt: skip
-                await ex.send({"type": "http.response.body", "body": body})
+                headers.append((b"content-type", ctype))
+                await ex.answer(ex.status, headers, body)
             finally:
                 if resp is not None:
                     resp.release()
@@ -194,6 +190,4 @@ class Upstream:
             body = error_json(502, f"no backend answered after {ex.attempts} attempt(s) "
                                    f"(last failure: {last.reason})")  # fmt: skip
             headers.append((b"content-type", b"application/json"))
-        headers.append((b"content-length", str(len(body)).encode()))
-        await ex.send({"type": "http.response.start", "status": ex.status, "headers": headers})
-        await ex.send({"type": "http.response.body", "body": body})
+        await ex.answer(ex.status, headers, body)
