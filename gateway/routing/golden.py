@@ -33,7 +33,12 @@ def _level(pool: Sequence[Backend], snap: LoadSnapshot) -> int | None:
     """A tier's level is its least-loaded backend's: the golden range is a per-engine batch size,
     so a second latency instance adds room rather than sharing one budget."""
     load = snap.load
-    return min((load(b.url).effective for b in pool), default=None)
+    level: int | None = None
+    for b in pool:  # a loop, not min(<generator>): this runs on every decision
+        e = load(b.url).effective
+        if level is None or e < level:
+            level = e
+    return level
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ __all__ = ["Ordering", "by_load", "two_choices"]
 def by_load(pool: Sequence[Backend], snap: LoadSnapshot, rng: random.Random) -> list[Backend]:
     """Least effective load first; the random second key breaks ties without favouring
     configuration order."""
+    if not pool:
+        return []
     load, draw = snap.load, rng.random
     return sorted(pool, key=lambda b: (load(b.url).effective, draw()))
 
@@ -56,9 +58,10 @@ class Ordering:
         last: a queue means the engine cannot batch more (KV or max_num_seqs), so more work
         only waits there, even if its running+waiting looks small."""
         saturated, load = self.saturation.backend, snap.load
-        flags = [saturated(b, load(b.url)) for b in pool]
-        has_room = [b for b, flag in zip(pool, flags, strict=True) if not flag]
-        full = [b for b, flag in zip(pool, flags, strict=True) if flag]
+        has_room: list[Backend] = []
+        full: list[Backend] = []
+        for b in pool:  # one pass: this runs on every decision
+            (full if saturated(b, load(b.url)) else has_room).append(b)
         if len(has_room) >= self.p2c_min_pool:
             ordered = two_choices(has_room, snap, rng)
         else:

@@ -36,7 +36,10 @@ class Saturation:
     def pool(self, pool: Iterable[Backend], snap: LoadSnapshot) -> bool:
         """Every backend of ``pool`` is saturated; true for an empty pool (no room there)."""
         backend, load = self.backend, snap.load
-        return all(backend(b, load(b.url)) for b in pool)
+        for b in pool:  # a loop, not all(<generator>): this runs several times per decision
+            if not backend(b, load(b.url)):
+                return False
+        return True
 
     def reason(
         self, req: RouteRequest, ordered: Sequence[Backend], why: str, snap: LoadSnapshot
