@@ -36,7 +36,7 @@ class Saturation:
     def pool(self, pool: Iterable[Backend], snap: LoadSnapshot) -> bool:
         """Every backend of ``pool`` is saturated; true for an empty pool (no room there)."""
         backend, load = self.backend, snap.load
-        for b in pool:  # a loop, not all(<generator>): this runs several times per decision
+        for b in pool:  # noqa: SIM110 (all(<generator>) costs more; this runs on every decision)
             if not backend(b, load(b.url)):
                 return False
         return True
