@@ -125,6 +125,27 @@ def bench_overhead(
                 baseline=baseline))  # fmt: skip
 
 
+@bench.command("instructions")
+def bench_instructions(
+    baseline: Annotated[
+        str, typer.Option("--baseline", metavar="REF", help="Git ref whose gateway is compared.")
+    ] = "HEAD",
+    requests: Annotated[
+        int, typer.Option(min=1, help="Counted requests per kind and round.")
+    ] = 400,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (a fresh process each).")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON results; the .md is written next to it.")] = Path(
+        "docs/results/instructions.json"
+    ),
+) -> None:
+    """The gateway's CPU per request as instructions counted by valgrind's callgrind (exact
+    where timings drift), against the gateway of another commit: small requests and streams."""
+    from loadtests.instructions import Options, run
+
+    _logging("warning")
+    run(Options(baseline=baseline, requests=requests, rounds=rounds, out=out))
+
+
 @bench.command("triton")
 def bench_triton(
     duration: Annotated[float, typer.Option(help="Seconds per target per round, per cell.")] = 3.0,

@@ -1,0 +1,295 @@
+"""`tiergate bench instructions`: the gateway's CPU per request as a count of instructions,
+against the gateway of another commit.
+
+Times on a shared machine drift by ±10% from one minute to the next, more than the differences
+worth knowing about in the request path. Instructions executed do not: each gateway runs under
+valgrind's callgrind, in front of the same `instant` simulator, with periodic scraping switched
+off (a long scrape interval), and serves the same requests one after another on one keep-alive
+connection. After a warm-up the counters are zeroed (`callgrind_control -z`), `requests` more
+requests go through, and the total (`callgrind_control -e Ir`) divided by their number is the
+gateway's instructions per request: the whole process, uvicorn, aiohttp and Python included.
+The same count repeated gives the same figure to well under 1% (the report shows each round), so
+a 5% difference is a real one.
+
+Two kinds of request: small non-streamed completions (4 tokens), and streams of 64 tokens with
+usage (66 SSE events each). Under callgrind a gateway starts in about a minute and a half; a run
+with a baseline takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from engines.sim.profile import load_profile
+from loadtests.overhead import Baseline, checkout, import_origins, small_body, stream_body
+from loadtests.procs import GatewayProcess, SimProcess
+
+PROFILE = "instant"
+KINDS = ("small", "stream")
+MAX_RATIO = 1.05  # the working tree's gateway against the baseline's
+_TOTAL = re.compile(r"^\s*(?:Th\s+\d+\s+)?([\d,]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Options:
+    baseline: str = "HEAD"
+    requests: int = 400  # counted requests per kind, per round
+    warmup: int = 50
+    rounds: int = 2  # the count repeated, to show how exactly it repeats
+    out: Path = Path("docs/results/instructions.json")
+
+
+# --- callgrind --------------------------------------------------------------------------------
+
+
+def valgrind() -> str | None:
+    """The valgrind binary, when valgrind and its callgrind_control are installed."""
+    if shutil.which("callgrind_control") is None:
+        return None
+    return shutil.which("valgrind")
+
+
+def callgrind_prefix(out: Path) -> list[str]:
+    binary = valgrind()
+    if binary is None:
+        raise RuntimeError("valgrind (with callgrind_control) is not installed: apt-get install "
+                           "valgrind")  # fmt: skip
+    return [binary, "--tool=callgrind", f"--callgrind-out-file={out}"]
+
+
+def parse_totals(text: str) -> int:
+    """The instructions counted so far, from `callgrind_control -e Ir`: the lines after
+    "Totals:", one per thread (`Th 1  146,703,008`) or one in all."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("Totals:")]
+    if not starts:
+        raise ValueError(f"no totals in callgrind_control's output:\n{text}")
+    total = 0
+    for line in lines[starts[-1] + 1 :]:
+        if not line.strip():
+            continue
+        match = _TOTAL.match(line)
+        if match is None:
+            break
+        total += int(match.group(1).replace(",", ""))
+    return total
+
+
+def _control(pid: int, *args: str) -> str:
+    proc = subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"callgrind_control {shlex.join(args)} {pid}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def zero(pid: int) -> None:
+    _control(pid, "-z")
+
+
+def instructions(pid: int) -> int:
+    return parse_totals(_control(pid, "-e", "Ir"))
+
+
+@dataclass
+class CallgrindGateway(GatewayProcess):
+    """`serve` under callgrind, from the working tree or from an extracted commit (`root`)."""
+
+    root: Path | None = None
+    module: str = "tiergate"
+    out: Path = Path("callgrind.out")
+
+    def command(self) -> list[str]:
+        # The real interpreter, not a wrapper script: valgrind follows no exec.
+        python = os.path.realpath(sys.executable)
+        cmd = [*callgrind_prefix(self.out), python, "-m", self.module, *self.argv()]
+        return cmd if self.root is None else ["env", "-C", str(self.root), *cmd]
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    target: str
+    kind: str
+    requests: int
+    per_request: list[float] = field(default_factory=list)  # one per round
+
+    @property
+    def median(self) -> float:
+        values = sorted(self.per_request)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _post(conn: http.client.HTTPConnection, payload: bytes) -> None:
+    conn.request("POST", "/v1/completions", body=payload,
+                 headers={"Content-Type": "application/json"})  # fmt: skip
+    r = conn.getresponse()
+    r.read()
+    if r.status != 200:
+        raise RuntimeError(f"the gateway answered {r.status}")
+
+
+def count(gw: GatewayProcess, payload: bytes, opts: Options) -> float:
+    """Instructions per request: warm up, zero, `opts.requests` requests, read the total."""
+    conn = http.client.HTTPConnection(gw.host, gw.port, timeout=300)
+    try:
+        for _ in range(opts.warmup):
+            _post(conn, payload)
+        zero(gw.pid)
+        for _ in range(opts.requests):
+            _post(conn, payload)
+        return instructions(gw.pid) / opts.requests
+    finally:
+        conn.close()
+
+
+def config(sim_url: str, model: str) -> dict[str, Any]:
+    # Scraping switched off after the first round: its cost would land in whichever request's
+    # window it fell into. Health and readiness come from that first scrape.
+    return {
+        "tiers": [{"name": "pool", "role": "throughput",
+                   "backends": [{"url": sim_url, "models": [model]}]}],
+        "log_level": "warning",
+        "monitor": {"scrape_interval_s": 100_000, "probe_interval_s": 100_000},
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def _gateway(name: str, work: Path, cfg: Path, baseline: Baseline | None,
+             ) -> Iterator[CallgrindGateway]:  # fmt: skip
+    if baseline is None:
+        gw = CallgrindGateway(config=cfg, log=work / f"{name}.log", out=work / f"{name}.cg")
+    else:
+        root = Path(baseline.folder)
+        env = {"PYTHONPATH": str(root)}
+        origin = import_origins(["gateway"], cwd=root, env=env)["gateway"]
+        if origin.resolve().parents[1] != root:
+            raise RuntimeError(f"{name} would import its code from {origin}, not {root}")
+        gw = CallgrindGateway(config=cfg, log=work / f"{name}.log", out=work / f"{name}.cg",
+                              env=env, root=root, module=baseline.module)  # fmt: skip
+    gw.start(timeout=900)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console()
+    model = load_profile(PROFILE).model
+    payloads = {"small": json.dumps(small_body(model)).encode(),
+                "stream": json.dumps(stream_body(model, 64, usage=True)).encode()}  # fmt: skip
+    cells: dict[tuple[str, str], Cell] = {}
+    with tempfile.TemporaryDirectory(prefix="tiergate-instructions-") as tmp:
+        work = Path(tmp)
+        with contextlib.ExitStack() as stack:
+            sim = stack.enter_context(SimProcess(profile=PROFILE, log=work / "sim.log",
+                                                 args=["--model", model]))  # fmt: skip
+            cfg = work / "gateway.yaml"
+            cfg.write_text(yaml.safe_dump(config(sim.url, model)))
+            base = stack.enter_context(checkout(opts.baseline, work))
+            targets: list[tuple[str, Baseline | None]] = [("gateway", None), (base.name, base)]
+            for r in range(opts.rounds):
+                for name, baseline in targets if r % 2 == 0 else targets[::-1]:
+                    started = time.perf_counter()
+                    status = f"round {r + 1}/{opts.rounds}: {name} under callgrind"
+                    with console.status(status), _gateway(name, work, cfg, baseline) as gw:
+                        for kind in KINDS:
+                            cell = cells.setdefault((name, kind), Cell(name, kind, opts.requests))
+                            cell.per_request.append(count(gw, payloads[kind], opts))
+                    console.print(f"round {r + 1}: {name} counted in "
+                                  f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+        report = _report(opts, base, list(cells.values()))
+    _write(report, opts, console)
+    return report
+
+
+def _report(opts: Options, base: Baseline, cells: list[Cell]) -> dict[str, Any]:
+    by = {(c.target, c.kind): c for c in cells}
+    rows = []
+    for kind in KINDS:
+        new, old = by[("gateway", kind)], by[(base.name, kind)]
+        ratio = new.median / old.median
+        rows.append({"kind": kind, "requests": opts.requests, "gateway": new.per_request,
+                     "baseline": old.per_request, "ratio": ratio,
+                     "met": ratio <= MAX_RATIO})  # fmt: skip
+    return {
+        "command": shlex.join(["tiergate", "bench", "instructions", *sys.argv[3:]]),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "options": {k: str(v) for k, v in asdict(opts).items()},
+        "baseline": {"ref": base.ref, "sha": base.sha, "name": base.name},
+        "rows": rows,
+    }
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
+    base = report["baseline"]["name"]
+    head = ["request", "n per round", "gateway", base, "gateway / baseline", "verdict",
+            "gateway per round", f"{base} per round"]  # fmt: skip
+    rows = []
+    for row in report["rows"]:
+        g, b = row["gateway"], row["baseline"]
+        rows.append([
+            "small (4 tokens)" if row["kind"] == "small" else "stream (64 tokens, 66 events)",
+            str(row["requests"]), _fmt(sorted(g)[len(g) // 2]), _fmt(sorted(b)[len(b) // 2]),
+            f"{row['ratio']:.3f}x", "MET" if row["met"] else "NOT MET",
+            " / ".join(_fmt(v) for v in g), " / ".join(_fmt(v) for v in b),
+        ])  # fmt: skip
+    table = Table(title="Gateway instructions per request (callgrind)")
+    for h in head:
+        table.add_column(h, justify="left" if h == "request" else "right")
+    for r in rows:
+        table.add_row(*r)
+    console.print(table)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(report, indent=2) + "\n")
+    md = [
+        "# Gateway instructions per request",
+        "",
+        f"- Command: `{report['command']}`",
+        f"- Date: {report['date']}; {report['machine']}",
+        f"- Baseline: `{report['baseline']['ref']}` = {report['baseline']['sha']}, extracted with"
+        " `git archive` and run from its own folder.",
+        "- Each gateway runs under valgrind's callgrind in front of one `instant` simulator, with"
+        " periodic scraping off, and serves requests one after another on one keep-alive"
+        f" connection: {opts.warmup} to warm up, then the counters are zeroed and"
+        f" {opts.requests} requests of each kind are counted. Instructions of the whole gateway"
+        " process (uvicorn, aiohttp, Python) divided by the requests; the median over rounds"
+        " (each round a fresh process, targets alternating).",
+        f"- Criterion: the working tree's gateway no more than {MAX_RATIO:.2f}x the baseline's.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
+    opts.out.with_suffix(".md").write_text("\n".join(md))
+    console.print(f"wrote {opts.out}, {opts.out.with_suffix('.md')}")
