@@ -21,11 +21,11 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import platform
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,9 +120,9 @@ class CallgrindGateway(GatewayProcess):
     out: Path = Path("callgrind.out")
 
     def command(self) -> list[str]:
-        # The real interpreter, not a wrapper script: valgrind follows no exec.
-        python = os.path.realpath(sys.executable)
-        cmd = [*callgrind_prefix(self.out), python, "-m", self.module, *self.argv()]
+        # This interpreter (the virtual environment's link to the binary, so that its packages
+        # are found); valgrind follows no exec, so it must not be a wrapper script.
+        cmd = [*callgrind_prefix(self.out), sys.executable, "-m", self.module, *self.argv()]
         return cmd if self.root is None else ["env", "-C", str(self.root), *cmd]
 
 
@@ -138,9 +138,7 @@ class Cell:
 
     @property
     def median(self) -> float:
-        values = sorted(self.per_request)
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        return statistics.median(self.per_request)
 
 
 def _post(conn: http.client.HTTPConnection, payload: bytes) -> None:
@@ -259,7 +257,7 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
         g, b = row["gateway"], row["baseline"]
         rows.append([
             "small (4 tokens)" if row["kind"] == "small" else "stream (64 tokens, 66 events)",
-            str(row["requests"]), _fmt(sorted(g)[len(g) // 2]), _fmt(sorted(b)[len(b) // 2]),
+            str(row["requests"]), _fmt(statistics.median(g)), _fmt(statistics.median(b)),
             f"{row['ratio']:.3f}x", "MET" if row["met"] else "NOT MET",
             " / ".join(_fmt(v) for v in g), " / ".join(_fmt(v) for v in b),
         ])  # fmt: skip
