@@ -379,6 +379,10 @@ class Report:
     vs_baseline: list[Comparison] = field(default_factory=list)
     baseline_verdicts: list[Verdict] = field(default_factory=list)
 
+    def _ran(self, name: str) -> str:
+        b = self.baseline
+        return f"commit {b.sha}" if b is not None and name == b.name else "working tree"
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdicts"] = [{**asdict(v), "result": v.word} for v in self.verdicts]
@@ -387,6 +391,12 @@ class Report:
         ]
         if self.baseline is not None:
             data["baseline"]["name"] = self.baseline.name
+        # The folders are this machine's (one of them temporary, gone by now): the results
+        # name whose code each gateway ran instead.
+        data.pop("sources")
+        data["ran"] = {name: self._ran(name) for name in self.sources}
+        if self.baseline is not None:
+            del data["baseline"]["folder"]
         clean: dict[str, Any] = _finite(data)
         return clean
 
@@ -1239,16 +1249,16 @@ def markdown(report: Report, chart: Path | None) -> str:
         "background work in that window, such as scraping the simulator, included); shown as "
         "the median over rounds, then each round's value.",
     ]
-    for name, folder in report.sources.items():
-        how = "the working tree's code (this interpreter, this cwd)"
+    for name in report.sources:
+        how = "the working tree's code (this interpreter, the repository as its cwd)"
         if report.baseline is not None and name == report.baseline.name:
             b = report.baseline
             how = (
-                f"`git archive {b.sha}` (ref `{b.ref}`) extracted there, run as "
-                f"`python -m {b.module} serve` with cwd and PYTHONPATH set to that folder"
+                f"`git archive {b.sha}` (ref `{b.ref}`) extracted into a temporary folder, run "
+                f"as `python -m {b.module} serve` with cwd and PYTHONPATH set to that folder"
             )
-        parts.append(f"- `{name}` ran from `{folder}`: {how}; checked by importing `gateway` "
-                     "there before the start.")  # fmt: skip
+        parts.append(f"- `{name}` ran {how}; checked by importing `gateway` the same way "
+                     "before the start.")  # fmt: skip
     if report.baseline is not None:
         parts.append(
             f"- Against the baseline: the criterion is the gateway's CPU/request and added p50 "

@@ -140,7 +140,10 @@ def test_overhead_report_is_complete_and_consistent(tmp_path: Path) -> None:
     assert "## Verdicts" in md
     assert f"## Gateway vs baseline {base.name}: CPU ms/request" in md
     assert f"## Gateway vs baseline {base.name}: verdicts" in md
-    assert f"`{base.name}` ran from `{base.folder}`" in md
+    assert f"`{base.name}` ran `git archive {base.sha}` (ref `{base.ref}`) extracted into a" in md
+    for text in (md, opts.out.read_text()):  # no path of this machine in the results
+        assert str(REPO) not in text
+        assert base.folder not in text
     assert not opts.chart_path.exists()
 
 
