@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -67,11 +68,11 @@ class BackendEntry:
     def metrics_url(self) -> str:
         return self.config.scrape_url
 
-    @property
+    @functools.cached_property
     def auth(self) -> dict[str, str]:
-        """The Authorization header the backend wants from the gateway (may be empty)."""
+        """The authorization header the backend wants from the gateway (may be empty)."""
         key = self.config.api_key
-        return {} if key is None else {"Authorization": f"Bearer {key.get_secret_value()}"}
+        return {} if key is None else {"authorization": f"Bearer {key.get_secret_value()}"}
 
 
 class ChangeSignal:

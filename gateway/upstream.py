@@ -83,8 +83,8 @@ class Upstream:
             if k not in HOP_HEADERS and not k.startswith((b"x-tiergate-", b"proxy-"))
         }
         headers["content-type"] = "application/json"
-        if entry.config.api_key is not None:
-            headers["authorization"] = f"Bearer {entry.config.api_key.get_secret_value()}"
+        if entry.auth:
+            headers.update(entry.auth)
         elif self.passthrough_auth and (auth := ex.headers.get(b"authorization")):
             headers["authorization"] = auth.decode("latin-1")
         return headers

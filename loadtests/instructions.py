@@ -41,7 +41,14 @@ from rich.console import Console
 from rich.table import Table
 
 from engines.sim.profile import load_profile
-from loadtests.overhead import Baseline, checkout, import_origins, small_body, stream_body
+from loadtests.overhead import (
+    Baseline,
+    checkout,
+    gateway_config,
+    import_origins,
+    small_body,
+    stream_body,
+)
 from loadtests.procs import GatewayProcess, SimProcess
 
 PROFILE = "instant"
@@ -165,14 +172,11 @@ def count(gw: GatewayProcess, payload: bytes, opts: Options) -> float:
 
 
 def config(sim_url: str, model: str) -> dict[str, Any]:
-    # Scraping switched off after the first round: its cost would land in whichever request's
-    # window it fell into. Health and readiness come from that first scrape.
-    return {
-        "tiers": [{"name": "pool", "role": "throughput",
-                   "backends": [{"url": sim_url, "models": [model]}]}],
-        "log_level": "warning",
-        "monitor": {"scrape_interval_s": 100_000, "probe_interval_s": 100_000},
-    }  # fmt: skip
+    # The overhead benchmark's gateway, with scraping switched off after the first round: its
+    # cost would land in whichever request's window it fell into. Health and readiness come
+    # from that first scrape.
+    monitor = {"scrape_interval_s": 100_000, "probe_interval_s": 100_000}
+    return {**gateway_config(sim_url, model), "monitor": monitor}
 
 
 @contextlib.contextmanager
