@@ -399,10 +399,6 @@ class GatewayApp:
     def __init__(self, app: FastAPI, hot: dict[str, Proxy]) -> None:
         self.app, self.hot = app, hot
 
-    @property
-    def fastapi(self) -> FastAPI:
-        return self.app
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
