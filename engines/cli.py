@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from engines.sim.profile import Profile, Speculative
 
 # The model name of engines/triton/model_repository (the tutorial's v5 step).
 TRITON_MODEL = "llama31-8b-awq"
@@ -27,7 +30,10 @@ class SimApi(StrEnum):
 
 def sim(
     profile: Annotated[
-        str, typer.Option(help="Profile name (v0..v4, instant) or path to a profile YAML.")
+        str,
+        typer.Option(
+            help="Profile name (v0..v4, v4-low, v4-high, instant) or path to a profile YAML."
+        ),
     ] = "v3",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8201,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -46,6 +52,13 @@ def sim(
         float, typer.Option(help="Run the same scheduler N times faster than real time.")
     ] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the speculative-acceptance RNG.")] = 0,
+    acceptance: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative acceptance, one probability per draft token, comma-separated "
+            "(e.g. 0.5,0.4,0.3,0.2,0.1): replaces the profile's (which must speculate)."
+        ),
+    ] = None,
     api_key: Annotated[
         str | None, typer.Option(envvar="VLLM_API_KEY", help="Require this bearer token on /v1.")
     ] = None,
@@ -83,6 +96,8 @@ def sim(
     prof = load_profile(profile).with_overrides(
         max_num_seqs=max_num_seqs, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len
     )
+    if acceptance is not None:
+        prof = prof.with_overrides(speculative=_acceptance(prof, acceptance))
     faults = Faults(
         error_rate=fault_error_rate,
         slow_first_token_s=fault_slow_first_token,
@@ -110,6 +125,27 @@ def sim(
         http="httptools",
         timeout_graceful_shutdown=1,
     )
+
+
+def _acceptance(prof: Profile, text: str) -> Speculative:
+    """The profile's drafter with the --acceptance vector (exactly k probabilities, each 0..1)."""
+    from pydantic import ValidationError
+
+    spec = prof.speculative
+    if spec is None:
+        raise typer.BadParameter(
+            f"profile {prof.name!r} does not use speculative decoding", param_hint="--acceptance"
+        )
+    k = spec.num_speculative_tokens
+    try:
+        values = [float(v) for v in text.split(",")]
+        if len(values) != k:
+            raise ValueError(f"{k} comma-separated probabilities needed, got {len(values)}")
+        return spec.with_acceptance(values)
+    except ValueError as e:
+        msg = str(e.errors()[0]["msg"]) if isinstance(e, ValidationError) else str(e)
+        msg = msg.removeprefix("Value error, ")
+        raise typer.BadParameter(f"{text!r}: {msg}", param_hint="--acceptance") from None
 
 
 def hf(

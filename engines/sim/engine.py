@@ -79,14 +79,10 @@ class AsyncEngine:
         self._frozen = True
 
     async def generate(
-        self,
-        rid: str,
-        prompt_tokens: int,
-        target_tokens: int,
-        received: float,
-        finish_reason: str = "length",
+        self, seq: Sequence, received: float, finish_reason: str = "length"
     ) -> AsyncIterator[int]:
-        """Yield the number of new tokens of each engine step that advanced this request."""
+        """Yield the number of new tokens of each engine step that advanced this request. `seq`
+        is new; its arrival at the scheduler is set here, after the front end's delay."""
         self.in_frontend += 1
         try:
             await asyncio.sleep(
@@ -94,7 +90,7 @@ class AsyncEngine:
             )
         finally:
             self.in_frontend -= 1
-        seq = Sequence(rid, prompt_tokens, target_tokens, self.now())
+        seq.arrival = self.now()
         stream = Stream(seq, received, finish_reason=finish_reason)
         self._streams[seq] = stream
         self.sched.add(seq)

@@ -4,6 +4,22 @@ By flag (`tiergate sim --fault-...`), at run time (`POST /sim/faults` with a JSO
 fields below), or per request with the header `x-sim-fault`, a comma-separated list of:
 `error` (500 before any output), `error-mid` (the stream fails after its first chunk), `slow=S`
 (S extra seconds before the first token), `hang` (never answer), `crash` (the process exits).
+
+The speculative acceptance (the vLLM face, on a profile with a `speculative` section) changes the
+same three ways, to simulate a workload that the draft model predicts better or worse:
+
+- at start: `tiergate sim --acceptance 0.5,0.4,0.3,0.2,0.1` (k probabilities) replaces the
+  profile's vector;
+- at run time: `GET /sim/speculative` answers
+  `{"acceptance": [k floats], "num_speculative_tokens": k, "mean_tokens_per_step": x}`;
+  `POST /sim/speculative` with `{"acceptance": [k floats, each 0..1]}` or `{"scale": s}` (s >= 0:
+  the starting vector's probabilities times s, clamped to 1) replaces the vector of every sequence
+  without its own, from the next engine step on, and answers as GET;
+- per request: the header `x-sim-acceptance` holds k comma-separated probabilities
+  (`0.5,0.4,0.3,0.2,0.1`) or one number, a scale of the starting vector as above (so with k = 1 a
+  single number is a scale too); it applies to that request's sequence only.
+
+Anything else, and either on an engine that does not speculate, is a 400 in vLLM's error shape.
 """
 
 from __future__ import annotations

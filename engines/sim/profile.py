@@ -18,6 +18,7 @@ but does not block the batch. See profiles/README.md for how each profile was fi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+def mean_tokens_per_step(acceptance: Iterable[float]) -> float:
+    """Expected tokens one sequence emits per verification step (1 + accepted drafts), where
+    acceptance[i] is the probability of draft i given drafts 0..i-1 were accepted."""
+    total, run = 1.0, 1.0
+    for a in acceptance:
+        run *= a
+        total += run
+    return total
 
 
 class Speculative(BaseModel):
@@ -37,19 +48,36 @@ class Speculative(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Speculative:
-        if len(self.acceptance) != self.num_speculative_tokens:
-            raise ValueError("acceptance needs one probability per speculative token")
+        k, n = self.num_speculative_tokens, len(self.acceptance)
+        if n != k:
+            raise ValueError(f"acceptance needs {k} probabilities (one per draft token), got {n}")
         if not all(0.0 <= a <= 1.0 for a in self.acceptance):
             raise ValueError("acceptance probabilities must be within 0..1")
         return self
 
     def mean_tokens_per_step(self) -> float:
         """Expected tokens one sequence emits per verification step (1 + accepted drafts)."""
-        total, run = 1.0, 1.0
-        for a in self.acceptance:
-            run *= a
-            total += run
-        return total
+        return mean_tokens_per_step(self.acceptance)
+
+    def with_acceptance(self, acceptance: Iterable[float]) -> Speculative:
+        """The same drafter with another acceptance vector, validated (k values, each 0..1);
+        raises ValueError (pydantic's ValidationError) otherwise."""
+        return Speculative.model_validate({**self.model_dump(), "acceptance": tuple(acceptance)})
+
+    def scaled(self, factor: float) -> Speculative:
+        """Every probability times `factor`, clamped to 0..1: the same drafter on a workload it
+        predicts better (factor > 1) or worse (< 1)."""
+        if not (math.isfinite(factor) and factor >= 0):
+            raise ValueError(f"the scale must be a finite number >= 0, got {factor}")
+        return self.with_acceptance(min(1.0, a * factor) for a in self.acceptance)
+
+    def parse(self, text: str) -> Speculative:
+        """`a0,a1,...,a(k-1)` (the vector itself) or one number (a scale of this vector)."""
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError:
+            raise ValueError(f"not a comma-separated list of numbers: {text!r}") from None
+        return self.scaled(values[0]) if len(values) == 1 else self.with_acceptance(values)
 
 
 class Cost(BaseModel):

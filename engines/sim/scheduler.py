@@ -14,7 +14,10 @@ What is modelled, as vLLM does it:
 - prefill of newly admitted sequences shares the step with decodes (chunked prefill) and yields
   their first token;
 - speculative decoding: each decode verifies k drafts, accepted position by position, so a step
-  emits 1..k+1 tokens for that sequence; lookahead KV slots are reserved for all k+1.
+  emits 1..k+1 tokens for that sequence; lookahead KV slots are reserved for all k+1. The
+  acceptance probabilities are the workload's, not the hardware's: `Scheduler.acceptance` starts
+  as the profile's and may be replaced at any time (it applies from the next step), and a
+  sequence may carry its own (`Sequence.acceptance`), as a request of another kind of text would.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class Sequence:
     last_token_at: float | None = None
     preemptions: int = 0
     finished: bool = False
+    # This sequence's draft acceptance (k probabilities); None: the scheduler's.
+    acceptance: tuple[float, ...] | None = None
 
     @property
     def remaining(self) -> int:
@@ -83,6 +88,8 @@ class Scheduler:
         self.preemptions = 0
         spec = profile.speculative
         self.lookahead = spec.num_speculative_tokens if spec else 0
+        # Read at every decode, so a new vector (k values, each 0..1) takes effect at once.
+        self.acceptance: tuple[float, ...] = spec.acceptance if spec else ()
         self.spec = SpecCounters(accepted_per_pos=[0] * self.lookahead)
 
     # -- queue management ------------------------------------------------------------------
@@ -179,17 +186,17 @@ class Scheduler:
 
     # -- internals -------------------------------------------------------------------------
     def _decode_tokens(self, seq: Sequence) -> int:
-        spec = self.profile.speculative
-        if spec is None:
+        if not self.lookahead:
             return 1
+        acceptance = self.acceptance if seq.acceptance is None else seq.acceptance
         accepted = 0
-        for pos, prob in enumerate(spec.acceptance):
+        for pos, prob in enumerate(acceptance):
             if self.rng.random() >= prob:
                 break
             accepted += 1
             self.spec.accepted_per_pos[pos] += 1
         self.spec.drafts += 1
-        self.spec.draft_tokens += spec.num_speculative_tokens
+        self.spec.draft_tokens += self.lookahead
         self.spec.accepted_tokens += accepted
         return 1 + accepted
 

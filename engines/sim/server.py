@@ -2,6 +2,9 @@
 
 Endpoints, JSON and SSE framing, error shapes and metric names follow vLLM (V1); what happens
 inside is the scheduler of engines.sim.scheduler running in real time (engines.sim.engine).
+Beside vLLM's endpoints, the simulator's own controls: /sim/faults and the `x-sim-fault` header
+(fault injection), /sim/speculative and the `x-sim-acceptance` header (the speculative acceptance
+vector, the workload's side of speculative decoding); engines.sim.faults documents both.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,7 +33,8 @@ from engines.front.wire import ApiError, collect, parse_body, sse
 from engines.sim import tokens
 from engines.sim.engine import AsyncEngine, engine_metrics
 from engines.sim.faults import FaultRequest, Faults
-from engines.sim.profile import Profile
+from engines.sim.profile import Profile, Speculative, mean_tokens_per_step
+from engines.sim.scheduler import Sequence
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0+tiergate.sim"
@@ -63,6 +67,29 @@ class Job:
     seed: int
     fault: FaultRequest
     received: float
+    acceptance: tuple[float, ...] | None = None  # from x-sim-acceptance; None: the engine's
+
+
+class SpeculativeUpdate(BaseModel):
+    """The body of POST /sim/speculative: a new acceptance vector, or a scale of the vector the
+    simulator started with (one of the two)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    acceptance: list[Annotated[float, Field(ge=0, le=1)]] | None = None
+    scale: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SpeculativeUpdate:
+        if (self.acceptance is None) == (self.scale is None):
+            raise ValueError('send either "acceptance" (one probability per draft) or "scale"')
+        return self
+
+
+def _reason(e: ValueError) -> str:
+    if isinstance(e, ValidationError):
+        return str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+    return str(e)
 
 
 class Simulator:
@@ -119,6 +146,7 @@ class Simulator:
             raise ApiError(400, "min_tokens must be less than or equal to max_tokens", "min_tokens")
         if not self.engine.sched.fits(prompt_tokens):
             raise ApiError(400, "The prompt does not fit the KV cache.", "prompt")
+        acceptance = self.request_acceptance(request.headers.get("x-sim-acceptance"))
         fault = self.cfg.faults.for_request(request.headers.get("x-sim-fault"), self.rng)
         seed = body.seed or 0
         plan = tokens.plan_output(
@@ -142,7 +170,48 @@ class Simulator:
             seed=seed,
             fault=fault,
             received=received,
+            acceptance=acceptance,
         )
+
+    # -- speculative acceptance ---------------------------------------------------------------
+    def speculative(self) -> Speculative:
+        """The drafter as the simulator started (profile, or --acceptance); 400 without one."""
+        spec = self.cfg.profile.speculative
+        if spec is None:
+            raise ApiError(400, "This engine does not use speculative decoding.")
+        return spec
+
+    def acceptance_state(self) -> dict[str, Any]:
+        acceptance = self.engine.sched.acceptance
+        return {
+            "acceptance": list(acceptance),
+            "num_speculative_tokens": self.speculative().num_speculative_tokens,
+            "mean_tokens_per_step": mean_tokens_per_step(acceptance),
+        }
+
+    def set_acceptance(self, update: SpeculativeUpdate) -> None:
+        """Replace the acceptance of every sequence without its own, from the next step on."""
+        spec = self.speculative()
+        try:
+            if update.scale is not None:
+                spec = spec.scaled(update.scale)
+            else:
+                spec = spec.with_acceptance(update.acceptance or ())
+        except ValueError as e:
+            raise ApiError(400, _reason(e), "acceptance") from None
+        self.engine.sched.acceptance = spec.acceptance
+        log.info("speculative acceptance now %s", list(spec.acceptance))
+
+    def request_acceptance(self, header: str | None) -> tuple[float, ...] | None:
+        """The x-sim-acceptance header: k comma-separated probabilities, or one scale factor."""
+        if header is None:
+            return None
+        try:
+            return self.speculative().parse(header).acceptance
+        except ValueError as e:
+            raise ApiError(400, f"x-sim-acceptance: {_reason(e)}") from None
+        except ApiError as e:
+            raise ApiError(400, f"x-sim-acceptance: {e.message}") from None
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -176,9 +245,10 @@ class Simulator:
         plan = job.plan
         if on_start is not None:
             on_start()
-        async for n in self.engine.generate(
-            job.rid, job.prompt_tokens, plan.tokens, job.received, plan.finish_reason
-        ):
+        # Its arrival is set by the engine, after the front end's delay.
+        seq = Sequence(job.rid, job.prompt_tokens, plan.tokens, job.received,
+                       acceptance=job.acceptance)  # fmt: skip
+        async for n in self.engine.generate(seq, job.received, plan.finish_reason):
             start, done = done, done + n
             last = done >= plan.tokens
             if last and plan.stop_reason:
@@ -329,6 +399,19 @@ def create_app(cfg: SimConfig) -> Starlette:
                 sim.engine.freeze()
         return JSONResponse(cfg.faults.model_dump())
 
+    async def speculative(request: Request) -> Response:
+        """The speculative acceptance vector, read (GET) or replaced (POST), for every sequence
+        without its own from the next engine step on. GET answers
+        {"acceptance": [k floats], "num_speculative_tokens": k, "mean_tokens_per_step": x}.
+        POST takes {"acceptance": [k floats, each 0..1]} or {"scale": s} (s >= 0: every
+        probability of the vector the simulator started with times s, clamped to 1) and answers
+        as GET. 400 in vLLM's error shape for anything else, and on an engine that does not
+        speculate."""
+        sim.speculative()
+        if request.method == "POST":
+            sim.set_acceptance(await sim.parse(request, SpeculativeUpdate))
+        return JSONResponse(sim.acceptance_state())
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with sim.running():
@@ -344,6 +427,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/load", load),
         Route("/metrics", metrics),
         Route("/sim/faults", handler(faults), methods=["GET", "POST"]),
+        Route("/sim/speculative", handler(speculative), methods=["GET", "POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.sim = sim

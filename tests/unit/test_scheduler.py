@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engines.sim.profile import Cost, Profile, Speculative, load_profile
+from engines.sim.profile import Cost, Profile, Speculative, load_profile, mean_tokens_per_step
 from engines.sim.scheduler import Scheduler, Sequence
 
 COST = Cost(base_s=0.01, per_token_s=0.0001, prefill_per_token_s=0.0001)
@@ -161,7 +161,105 @@ def test_abort_frees_blocks_and_leaves_the_queue() -> None:
     assert sched.idle
 
 
-@pytest.mark.parametrize("name", ["v0", "v1", "v2", "v3", "v4", "instant"])
+SPEC = Speculative(num_speculative_tokens=5, acceptance=(0.8, 0.75, 0.7, 0.65, 0.6))
+ZEROS, ONES = (0.0,) * 5, (1.0,) * 5
+
+
+def decode_sizes(sched: Scheduler, seqs: list[Sequence]) -> dict[str, list[int]]:
+    """Tokens each sequence got per decode step (its prefill's first token left out)."""
+    for seq in seqs:
+        sched.add(seq)
+    sizes: dict[str, list[int]] = {s.rid: [] for s in seqs}
+    now = 0.0
+    while (step := sched.plan(now)) is not None:
+        now += step.duration
+        decoding = {id(s) for s in step.decodes}
+        for em in sched.commit(step, now):
+            if id(em.seq) in decoding:
+                sizes[em.seq.rid].append(em.tokens)
+    return sizes
+
+
+def test_scheduler_acceptance_starts_as_the_profile_and_is_read_at_every_step() -> None:
+    sched = Scheduler(profile(speculative=SPEC), random.Random(0))
+    assert sched.acceptance == SPEC.acceptance
+    sched.acceptance = ZEROS
+    assert decode_sizes(sched, [Sequence("a", 10, 41, 0.0)])["a"] == [1] * 40
+    assert (sched.spec.drafts, sched.spec.accepted_tokens) == (40, 0)
+    assert sched.spec.draft_tokens == 5 * 40
+    sched.acceptance = ONES
+    # 1 token from prefill, then k + 1 = 6 per step, the last step capped at what remains.
+    assert decode_sizes(sched, [Sequence("b", 10, 20, 0.0)])["b"] == [6, 6, 6, 1]
+    assert sched.spec.accepted_tokens == 4 * 5
+    assert sched.spec.accepted_per_pos == [4] * 5
+
+
+def test_a_new_vector_applies_from_the_next_step() -> None:
+    sched = Scheduler(profile(speculative=SPEC.model_copy(update={"acceptance": ONES})))
+    seq = Sequence("a", 10, 1000, 0.0)
+    sched.add(seq)
+    sizes = []
+    now = 0.0
+    for i in range(6):
+        if i == 3:
+            sched.acceptance = ZEROS
+        step = sched.plan(now)
+        assert step is not None
+        now += step.duration
+        sizes += [em.tokens for em in sched.commit(step, now)]
+    assert sizes == [1, 6, 6, 1, 1, 1]
+
+
+def test_a_sequence_with_its_own_vector_ignores_the_schedulers() -> None:
+    sched = Scheduler(profile(speculative=SPEC), random.Random(3))
+    sched.acceptance = ONES
+    own = Sequence("own", 10, 31, 0.0, acceptance=ZEROS)
+    shared = Sequence("shared", 10, 31, 0.0)
+    sizes = decode_sizes(sched, [own, shared])
+    assert sizes["own"] == [1] * 30
+    assert sizes["shared"] == [6] * 5
+    c = sched.spec
+    assert (c.drafts, c.draft_tokens, c.accepted_tokens) == (35, 175, 25)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_low_vector_gives_its_mean_and_acceptance_rate(seed: int) -> None:
+    low = (0.45, 0.35, 0.3, 0.25, 0.2)
+    sched = Scheduler(profile(speculative=SPEC), random.Random(seed))
+    seq = Sequence("s", 10, 3000, 0.0, acceptance=low)
+    sizes = decode_sizes(sched, [seq])["s"][:-1]
+    assert sum(sizes) / len(sizes) == pytest.approx(mean_tokens_per_step(low), rel=0.05)
+    c = sched.spec
+    expected_rate = (mean_tokens_per_step(low) - 1) / 5
+    assert c.accepted_tokens / c.draft_tokens == pytest.approx(expected_rate, rel=0.08)
+
+
+def test_speculative_vector_validation_and_scale() -> None:
+    assert SPEC.with_acceptance([0.1] * 5).acceptance == (0.1,) * 5
+    with pytest.raises(ValueError, match="needs 5 probabilities"):
+        SPEC.with_acceptance([0.5] * 4)
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
+        SPEC.with_acceptance([0.5, 0.5, 0.5, 0.5, 1.5])
+    assert SPEC.scaled(0.5).acceptance == pytest.approx((0.4, 0.375, 0.35, 0.325, 0.3))
+    assert SPEC.scaled(1.5).acceptance == pytest.approx((1.0, 1.0, 1.0, 0.975, 0.9))
+    assert SPEC.scaled(0).mean_tokens_per_step() == 1.0
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="scale"):
+            SPEC.scaled(bad)
+    # Text (header, flag): k numbers are the vector, one number scales it.
+    assert SPEC.parse("0.5,0.4,0.3,0.2,0.1").acceptance == (0.5, 0.4, 0.3, 0.2, 0.1)
+    assert SPEC.parse("0.5") == SPEC.scaled(0.5)
+    not_numbers = "not a comma-separated"
+    wrong = [("0.5,0.4", "needs 5"), ("a,b,c,d,e", not_numbers), ("", not_numbers),
+             ("0.5,0.4,0.3,0.2,", not_numbers)]  # fmt: skip
+    for text, says in wrong:
+        with pytest.raises(ValueError, match=says):
+            SPEC.parse(text)
+    assert mean_tokens_per_step(ZEROS) == 1.0
+    assert mean_tokens_per_step(ONES) == 6.0
+
+
+@pytest.mark.parametrize("name", ["v0", "v1", "v2", "v3", "v4", "v4-low", "v4-high", "instant"])
 def test_shipped_profiles_load(name: str) -> None:
     p = load_profile(name)
     assert p.name == name
