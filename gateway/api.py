@@ -197,6 +197,27 @@ class Readiness(BaseModel):
     state_store: Literal["ok", "degraded"]
 
 
+class CurvePoint(BaseModel):
+    concurrency: int
+    tpot_ms: float = Field(description="Predicted time per output token with this many streams.")
+    ttft_ms: float = Field(description="Predicted time to first token of the stream that makes"
+                           " it this many.")  # fmt: skip
+    evidence: float = Field(description="Observations behind the TPOT value there (0: prior or"
+                            " extrapolated).")  # fmt: skip
+
+
+class ModelView(BaseModel):
+    """The latency model's view of one backend."""
+
+    curve: list[CurvePoint]
+    tokens_per_step: float = Field(description="1 + accepted drafts per verification step,"
+                                   " lately (1: no speculative decoding seen).")  # fmt: skip
+    acceptance_rate: float | None = Field(description="Accepted / proposed draft tokens, lately.")
+    slo_limit: int = Field(description="The most streams at which the predicted TPOT meets the"
+                           " default SLO: for a latency backend, its effective limit.")  # fmt: skip
+    observed_ago_s: float | None = Field(description="Seconds since the last observation.")
+
+
 class BackendView(BaseModel):
     url: str
     tier: str
@@ -211,6 +232,7 @@ class BackendView(BaseModel):
     healthy: bool
     stale: bool = Field(description="The last good scrape is too old to trust.")
     ejected_reason: str | None
+    model: ModelView | None = Field(default=None, description="The learned latency curve.")
 
 
 class StateStoreView(BaseModel):
@@ -223,5 +245,7 @@ class GatewayState(BaseModel):
 
     policy: str
     latency_open: bool = Field(description="golden-range: the latency tier takes new work.")
+    slo_ttft_ms: float = Field(description="The default TTFT SLO.")
+    slo_tpot_ms: float = Field(description="The default TPOT SLO.")
     state_store: StateStoreView
     backends: list[BackendView]

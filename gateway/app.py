@@ -43,6 +43,7 @@ from gateway.admission import Admission
 from gateway.errors import GatewayError, error_body
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.intake import Intake, Receive
+from gateway.learner import Learner
 from gateway.load.monitor import Monitor
 from gateway.registry import Registry
 from gateway.router import Router
@@ -70,6 +71,7 @@ class Gateway:
     registry: Registry
     monitor: Monitor
     router: Router
+    learner: Learner
     intake: Intake
     admission: Admission
     upstream: Upstream
@@ -101,6 +103,8 @@ async def open_gateway(settings: Settings) -> AsyncIterator[Gateway]:
         registry = Registry(settings, store, telemetry)
         monitor = Monitor(registry, settings.monitor, session, telemetry)
         router = Router(settings.policy, registry)
+        learner = Learner(registry, settings, telemetry)
+        monitor.learner = learner
         gw = Gateway(
             settings=settings,
             telemetry=telemetry,
@@ -108,6 +112,7 @@ async def open_gateway(settings: Settings) -> AsyncIterator[Gateway]:
             registry=registry,
             monitor=monitor,
             router=router,
+            learner=learner,
             intake=Intake(settings, registry),
             admission=Admission(
                 router.decide, registry.changed, settings.policy.queue_deadline_s, telemetry
@@ -171,6 +176,7 @@ class Proxy:
             return
         await gw.upstream.forward(ex, decision)
         gw.telemetry.record(ex)
+        gw.learner.finished(ex)
 
 
 async def _cancel_on_disconnect(
@@ -205,8 +211,7 @@ _ERRORS: dict[int | str, Any] = {
         "engines' own 429.",
         502: "No backend answered (connect errors, timeouts), or an engine's answer could not "
         "be translated.",
-        503: "No healthy backend serves the model (Retry-After), or every engine was "
-        "unavailable.",
+        503: "No healthy backend serves the model (Retry-After), or every engine was unavailable.",
         504: "The engines timed out.",
     }.items()
 }
@@ -295,8 +300,14 @@ def create_app(settings: Settings) -> GatewayApp:
         """Liveness: the process answers."""
         return api.Health()
 
-    @app.get("/ready", tags=["Operations"], response_model=api.Readiness, responses={
-        503: {"model": api.Readiness, "description": "Some model has no backend in rotation."}})
+    @app.get(
+        "/ready",
+        tags=["Operations"],
+        response_model=api.Readiness,
+        responses={
+            503: {"model": api.Readiness, "description": "Some model has no backend in rotation."}
+        },
+    )
     async def ready(request: Request) -> JSONResponse:
         """Readiness: 200 when every model has a healthy backend."""
         gw = _gateway(request)
@@ -310,7 +321,8 @@ def create_app(settings: Settings) -> GatewayApp:
 
     @app.get("/state", tags=["Operations"])
     async def state(request: Request) -> api.GatewayState:
-        """What routing sees right now: every backend's load, health and in-flight count."""
+        """What routing sees right now: every backend's load, health, in-flight count and
+        learned latency curve."""
         gw = _gateway(request)
         snap = gw.registry.snapshot()
         rows = []
@@ -322,19 +334,30 @@ def create_app(settings: Settings) -> GatewayApp:
                 kv_usage=load.kv_usage, inflight=load.inflight, effective=load.effective,
                 healthy=load.healthy, stale=load.stale,
                 ejected_reason=e.live.eject_reason if e.live.ejected else None,
+                model=gw.learner.view(e.url, snap.taken_at),
             ))  # fmt: skip
         return api.GatewayState(
             policy=gw.router.name,
             latency_open=gw.router.state.latency_open,
+            slo_ttft_ms=settings.slo.ttft_ms,
+            slo_tpot_ms=settings.slo.tpot_ms,
             state_store=api.StateStoreView(
                 kind="redis" if settings.redis_url else "memory", healthy=gw.store.healthy
             ),
             backends=rows,
         )
 
-    @app.get("/metrics", tags=["Operations"], response_class=Response, responses={
-        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
-              "description": "Prometheus text exposition; metrics prefixed `tiergate_`."}})
+    @app.get(
+        "/metrics",
+        tags=["Operations"],
+        response_class=Response,
+        responses={
+            200: {
+                "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+                "description": "Prometheus text exposition; metrics prefixed `tiergate_`.",
+            }
+        },
+    )
     async def metrics(request: Request) -> Response:
         """Prometheus metrics."""
         gw = _gateway(request)
@@ -408,4 +431,3 @@ class GatewayApp:
             await proxy(scope, receive, send)
         else:
             await self.app(scope, receive, send)
-

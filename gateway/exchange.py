@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState
+from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState, Slo
 
 __all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send"]
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+DEFAULT_SLO = Slo()
 # What an exchange holds until routing has decided: no candidates, no policy.
 NO_DECISION = Decision(candidates=(), reason="", policy="", state=RouterState())
 
@@ -46,6 +47,7 @@ class Exchange:
     stream: bool = False
     pinned: Role | None = None  # x-tiergate-tier
     exclude: frozenset[str] = frozenset()  # backends that cannot serve this request
+    slo: Slo = DEFAULT_SLO  # the configured default, or x-tiergate-slo-ttft-ms / -tpot-ms
     # Per-request work a wire adapter did once for all attempts (e.g. a translated body).
     prepared: dict[str, object] = field(default_factory=dict)
     # -- admission
@@ -59,6 +61,10 @@ class Exchange:
     output_tokens: int | None = None  # from the stream's usage, when it had one
     text_events: int = 0
     midstream_error: str | None = None
+    # For the latency model: the answering backend's lease count when this attempt joined it,
+    # and its lease-count integral at the first byte (a mark, see BackendEntry.busy_mark).
+    joined_at_load: int = 0
+    busy_mark: tuple[float, float] | None = None
     responded: bool = False  # the response has started: no other answer can be given now
 
     async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -68,14 +74,12 @@ class Exchange:
 
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole response: `headers` get its content-length."""
-        await self.start_response(
-            status, [*headers, (b"content-length", str(len(body)).encode())]
-        )
+        await self.start_response(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self.send({"type": "http.response.body", "body": body})
 
     def route_request(self) -> RouteRequest:
         """The features routing may look at."""
-        return RouteRequest(self.model, self.pinned, self.stream, self.exclude)
+        return RouteRequest(self.model, self.pinned, self.stream, self.exclude, self.slo)
 
     @property
     def response_headers(self) -> list[tuple[bytes, bytes]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -22,7 +23,7 @@ from gateway.api import ChatCompletionRequest, CompletionRequest
 from gateway.errors import GatewayError
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.registry import Registry
-from gateway.routing import Role
+from gateway.routing import Role, Slo
 from gateway.settings import Settings
 
 __all__ = ["Intake", "Receive"]
@@ -35,6 +36,7 @@ _SCHEMAS: dict[bool, type[BaseModel]] = {False: CompletionRequest, True: ChatCom
 class Intake:
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.registry = registry
+        self.slo = settings.slo.slo()
         self.max_body = settings.max_body_bytes
         self.api_keys = frozenset(
             f"Bearer {k.get_secret_value()}".encode() for k in settings.api_keys
@@ -76,6 +78,7 @@ class Intake:
         ex.stream = bool(getattr(parsed, "stream", False))
         ex.model = self._model(getattr(parsed, "model", None))
         ex.pinned = self._pin(ex.headers.get(b"x-tiergate-tier"))
+        ex.slo = self._slo(ex.headers)
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
 
@@ -120,6 +123,16 @@ class Intake:
                 400, "x-tiergate-tier must be `latency` or `throughput`.", "x-tiergate-tier"
             ) from None
 
+    def _slo(self, headers: dict[bytes, bytes]) -> Slo:
+        ttft = headers.get(b"x-tiergate-slo-ttft-ms")
+        tpot = headers.get(b"x-tiergate-slo-tpot-ms")
+        if ttft is None and tpot is None:
+            return self.slo
+        return Slo(
+            ttft_s=self.slo.ttft_s if ttft is None else _ms(ttft, "x-tiergate-slo-ttft-ms"),
+            tpot_s=self.slo.tpot_s if tpot is None else _ms(tpot, "x-tiergate-slo-tpot-ms"),
+        )
+
     def _exclusions(self, ex: Exchange) -> frozenset[str]:
         """Backends of kinds that cannot serve this request (Triton: chat, token-id prompts,
         n > 1, logprobs...). A 400 saying why when no other backend could ever serve it."""
@@ -136,3 +149,15 @@ class Intake:
                     f"{wire.label}.", why.param,
                 )  # fmt: skip
         return frozenset(excluded)
+
+
+def _ms(value: bytes, header: str) -> float:
+    """A header's milliseconds as seconds: a positive number up to an hour."""
+    try:
+        ms = float(value.decode("latin-1").strip())
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms <= 3_600_000:  # also false for NaN
+        raise GatewayError(400, f"{header} must be a number of milliseconds in (0, 3600000].",
+                           header)  # fmt: skip
+    return ms / 1000

@@ -12,14 +12,16 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
+from gateway.routing.curves import Prediction
 from gateway.settings import BackendConfig, Settings
 from gateway.state import InflightStore
 from gateway.telemetry import Telemetry
@@ -55,6 +57,14 @@ class BackendEntry:
     # Attempts holding a lease here that have not had their first byte: an ejection cancels
     # them so they move on to the next candidate.
     waiting: set[Lease] = field(default_factory=set)
+    # This gateway's leases here over time: their count, and its integral up to `busy_at`, so
+    # a request's mean concurrency over any span is a subtraction (the latency model's input).
+    busy: int = 0
+    busy_area: float = 0.0
+    busy_at: float = 0.0
+    # TPOT SLOs of the leases here, with counts (routing's harm check reads the tuple).
+    slo_counts: dict[float, int] = field(default_factory=dict)
+    slos: tuple[tuple[float, int], ...] = ()
 
     @property
     def url(self) -> str:
@@ -67,6 +77,22 @@ class BackendEntry:
     @property
     def metrics_url(self) -> str:
         return self.config.scrape_url
+
+    def busy_mark(self, now: float) -> tuple[float, float]:
+        """(integral of the lease count up to `now`, `now`): two marks give a mean."""
+        return self.busy_area + self.busy * (now - self.busy_at), now
+
+    def count_lease(self, delta: int, slo: float, now: float) -> None:
+        self.busy_area += self.busy * (now - self.busy_at)
+        self.busy_at = now
+        self.busy += delta
+        counts = self.slo_counts
+        left = counts.get(slo, 0) + delta
+        if left > 0:
+            counts[slo] = left
+        else:
+            counts.pop(slo, None)
+        self.slos = tuple(counts.items())
 
     @functools.cached_property
     def auth(self) -> dict[str, str]:
@@ -134,10 +160,12 @@ class ChangeSignal:
 class Lease:
     """One attempt's claim on a backend: counted in flight from `with` to its end."""
 
-    __slots__ = ("ejected", "entry", "held", "registry", "task")
+    __slots__ = ("ejected", "entry", "held", "registry", "slo", "task")
 
-    def __init__(self, registry: Registry, entry: BackendEntry, task: asyncio.Task[Any]) -> None:
-        self.registry, self.entry, self.task = registry, entry, task
+    def __init__(
+        self, registry: Registry, entry: BackendEntry, task: asyncio.Task[Any], slo: float
+    ) -> None:
+        self.registry, self.entry, self.task, self.slo = registry, entry, task, slo
         self.ejected = False  # set when the backend's ejection cancelled this attempt
         self.held = False
 
@@ -146,6 +174,7 @@ class Lease:
         self.registry.store.acquire(e.url)
         e.inflight_gauge.inc()
         e.waiting.add(self)
+        e.count_lease(1, self.slo, self.registry.clock())
         self.held = True
         return self
 
@@ -166,6 +195,7 @@ class Lease:
         e.waiting.discard(self)
         self.registry.store.release(e.url)
         e.inflight_gauge.dec()
+        e.count_lease(-1, self.slo, self.registry.clock())
         self.registry.changed.notify_one()
 
 
@@ -205,6 +235,8 @@ class Registry:
                 kinds.setdefault(e.adapter.kind, (e.adapter, set()))[1].add(e.url)
         self.restricted = tuple((a, frozenset(urls)) for a, urls in kinds.values())
         self.changed = ChangeSignal()
+        # The latency model's predictions per url, replaced whole by the learner when it learns.
+        self.curves: Mapping[str, Prediction] = MappingProxyType({})
 
     # -- what the request path asks --------------------------------------------------------
     def entry(self, url: str) -> BackendEntry:
@@ -229,16 +261,18 @@ class Registry:
                 inflight=counts.get(url, 0),
                 healthy=not st.ejected,
                 stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
+                slos=e.slos,
             )
             for url, e in self.entries.items()
         }
-        return LoadSnapshot(self.backends, loads, now)
+        return LoadSnapshot(self.backends, loads, now, self.curves)
 
-    def lease(self, entry: BackendEntry) -> Lease:
+    def lease(self, entry: BackendEntry, slo_tpot_s: float = math.inf) -> Lease:
+        """A claim on `entry` for one attempt of a request whose TPOT SLO is `slo_tpot_s`."""
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - the request path always runs in a task
             raise RuntimeError("a lease must be taken inside a task")
-        return Lease(self, entry, task)
+        return Lease(self, entry, task, slo_tpot_s)
 
     def healthy_models(self) -> set[str]:
         return {m for e in self.entries.values() if not e.live.ejected for m in e.backend.models}

@@ -34,7 +34,7 @@ from pydantic_settings import (
 )
 
 from gateway import wire
-from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams
+from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams, Slo
 
 __all__ = [
     "BackendConfig",
@@ -195,6 +195,29 @@ class MonitorConfig(_Model):
     stall_after_s: float = Field(default=5.0, gt=0)
 
 
+class SloConfig(_Model):
+    """The service level a request asks for unless it says otherwise (x-tiergate-slo-ttft-ms,
+    x-tiergate-slo-tpot-ms): the learned policy routes to meet it, metrics count who did."""
+
+    ttft_ms: float = Field(default=1000.0, gt=0, le=3_600_000)
+    tpot_ms: float = Field(default=25.0, gt=0, le=3_600_000)
+
+    def slo(self) -> Slo:
+        return Slo(ttft_s=self.ttft_ms / 1000, tpot_s=self.tpot_ms / 1000)
+
+
+class LearningConfig(_Model):
+    """How the latency model learns each backend's curves (gateway.latency_model)."""
+
+    # Observations each knot of a curve remembers: fewer follow change faster, more are
+    # steadier. 16 follows a shifted knot within a few seconds at tens of requests per second.
+    memory: float = Field(default=16.0, ge=1)
+    # Half-life of the speculative acceptance average: the whole TPOT curve rescales with it.
+    acceptance_halflife_s: float = Field(default=3.0, gt=0)
+    # The prior's weight in observations: small, so data takes over at once where there is any.
+    prior_weight: float = Field(default=1.0, gt=0)
+
+
 def _split_keys(value: Any) -> Any:
     """Accept ``TIERGATE_API_KEYS`` as a JSON list or as comma-separated keys."""
     if not isinstance(value, str):
@@ -224,6 +247,8 @@ class Settings(BaseSettings):
     policy: PolicyConfig = PolicyConfig()
     retry: RetryConfig = RetryConfig()
     monitor: MonitorConfig = MonitorConfig()
+    slo: SloConfig = SloConfig()
+    learning: LearningConfig = LearningConfig()
     # Hidden from repr: a Redis URL may carry a password.
     redis_url: str | None = Field(default=None, repr=False)
     max_body_bytes: int = Field(default=1_048_576, gt=0)

@@ -89,6 +89,19 @@ TPOT_BUCKETS = (
 )
 
 
+# SLO classes for metric labels: a request's TPOT target is counted under the first class that
+# is at least as long, so clients choosing their own targets cannot grow the label set.
+SLO_CLASSES_MS = (5, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000)
+
+
+def slo_class(tpot_s: float) -> str:
+    ms = tpot_s * 1000
+    for c in SLO_CLASSES_MS:
+        if ms <= c + 1e-9:
+            return f"tpot<={c}ms"
+    return f"tpot>{SLO_CLASSES_MS[-1]}ms"
+
+
 class Telemetry:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
@@ -209,6 +222,32 @@ class Telemetry:
             ("tier", "model"),
             registry=r,
         )
+        self.predicted_tpot = Gauge(
+            "tiergate_backend_predicted_tpot_seconds",
+            "The latency model's predicted TPOT of a backend at a given number of streams.",
+            ("tier", "backend", "concurrency"),
+            registry=r,
+        )
+        self.latency_limit = Gauge(
+            "tiergate_latency_tier_limit",
+            "The most streams at which a latency backend is predicted to meet the default TPOT"
+            " SLO: the golden range the learned policy found.",
+            ("backend",),
+            registry=r,
+        )
+        self.slo_met = Counter(
+            "tiergate_slo_met",
+            "Streamed requests that met their TTFT and TPOT SLO, by tier and SLO class (the TPOT"
+            " target, rounded up to a class).",
+            ("tier", "slo"),
+            registry=r,
+        )
+        self.slo_missed = Counter(
+            "tiergate_slo_missed",
+            "Streamed requests that missed their TTFT or TPOT SLO, by tier and SLO class.",
+            ("tier", "slo"),
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
@@ -234,12 +273,17 @@ class Telemetry:
                 self.child(self.midstream_errors, tier, b.url).inc()
             if ex.first_text_at is not None:
                 # Streamed: the gateway's own TTFT and TPOT (vllm bench serve's definitions).
-                self.child(self.ttft, tier, model).observe(ex.first_text_at - ex.started)
+                ttft = ex.first_text_at - ex.started
+                self.child(self.ttft, tier, model).observe(ttft)
                 tokens = ex.output_tokens or ex.text_events
                 self.child(self.output_tokens, tier, model).inc(tokens)
+                tpot = 0.0
                 if tokens > 1 and ex.last_text_at is not None:
                     tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1)
                     self.child(self.tpot, tier, model).observe(tpot)
+                met = ttft <= ex.slo.ttft_s and tpot <= ex.slo.tpot_s and not ex.midstream_error
+                label = slo_class(ex.slo.tpot_s)
+                self.child(self.slo_met if met else self.slo_missed, tier, label).inc()
         if log.isEnabledFor(logging.INFO):
             d = ex.decision
             log.info("request", extra={"fields": {

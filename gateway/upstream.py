@@ -93,7 +93,8 @@ class Upstream:
         entry = self.registry.entry(backend.url)
         wire = entry.adapter
         ex.attempts += 1
-        with self.registry.lease(entry) as lease:
+        with self.registry.lease(entry, ex.slo.tpot_s) as lease:
+            ex.joined_at_load = entry.busy  # this attempt included
             resp: aiohttp.ClientResponse | None = None
             try:
                 try:
@@ -130,6 +131,7 @@ class Upstream:
                 lease.first_byte()
                 self.registry.request_succeeded(entry)
                 ex.backend, ex.status = backend, resp.status
+                ex.busy_mark = entry.busy_mark(self.registry.clock())
                 ctype = resp.headers.get("Content-Type", "application/json").encode()
                 headers = [
                     *ex.response_headers,

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -26,6 +27,9 @@ from gateway.load.parse import EngineStats, MetricsParseError
 from gateway.registry import BackendEntry, Registry
 from gateway.settings import MonitorConfig
 from gateway.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from gateway.learner import Learner
 
 __all__ = ["Monitor", "ScrapeFailed", "merge"]
 
@@ -76,6 +80,8 @@ class Monitor:
         self._watch = {e.url: _Watch() for e in registry}
         self._task: asyncio.Task[None] | None = None
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
+        # Who else learns from each scrape (the latency model), set by whoever builds both.
+        self.learner: Learner | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,6 +121,8 @@ class Monitor:
         for entry, result in zip(due, results, strict=True):
             self.observe(entry, result, now)
         self._publish(now)
+        if self.learner is not None:
+            self.learner.refresh()
         # New load figures may have freed room for requests held by admission.
         self.registry.changed.notify()
 
@@ -157,6 +165,8 @@ class Monitor:
         st.running, st.waiting, st.kv_usage, st.spec_acceptance, progress = merge(result)
         st.scraped_at = now
         w.scrape_failures = 0
+        if self.learner is not None:
+            self.learner.scraped(entry, result, now)
         stalled = self._stalled(entry, w, progress, now)
         if probing:
             if stalled:

@@ -63,6 +63,9 @@ class EngineStats:
     success_total: float = 0.0
     # Progress counter: flat while requests are running means a stalled engine.
     generation_tokens: float | None = None
+    # Inter-token latency histogram's sum and count: one sample per request per engine step.
+    itl_sum: float | None = None
+    itl_count: float | None = None
 
     @property
     def spec_acceptance_rate(self) -> float | None:
@@ -97,6 +100,11 @@ _VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 _VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _VLLM_SUCCESS = "vllm:request_success_total"
 _VLLM_GENERATION = "vllm:generation_tokens_total"
+_VLLM_ITL_SUM = "vllm:inter_token_latency_seconds_sum"
+_VLLM_ITL_COUNT = "vllm:inter_token_latency_seconds_count"
+# The same histogram's name before vLLM 0.11 (its meaning was the same: one sample per step).
+_VLLM_ITL_SUM_OLD = "vllm:time_per_output_token_seconds_sum"
+_VLLM_ITL_COUNT_OLD = "vllm:time_per_output_token_seconds_count"
 
 _TRITON_PENDING = "nv_inference_pending_request_count"
 _TRITON_SUCCESS = "nv_inference_request_success"
@@ -112,6 +120,10 @@ _VLLM_WANTED = frozenset(
         _VLLM_ACCEPTED,
         _VLLM_SUCCESS,
         _VLLM_GENERATION,
+        _VLLM_ITL_SUM,
+        _VLLM_ITL_COUNT,
+        _VLLM_ITL_SUM_OLD,
+        _VLLM_ITL_COUNT_OLD,
     }
 )
 # The Triton vLLM backend re-exports vLLM's counters (and, in older versions, its gauges)
@@ -175,6 +187,10 @@ class _Acc:
         "draft_tokens",
         "drafts",
         "generation",
+        "itl_count",
+        "itl_count_old",
+        "itl_sum",
+        "itl_sum_old",
         "kv",
         "kv_old",
         "running",
@@ -192,6 +208,10 @@ class _Acc:
         self.draft_tokens: float | None = None
         self.accepted: float | None = None
         self.generation: float | None = None
+        self.itl_sum: float | None = None
+        self.itl_count: float | None = None
+        self.itl_sum_old: float | None = None
+        self.itl_count_old: float | None = None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -203,6 +223,9 @@ class _Acc:
             spec_accepted_tokens=self.accepted,
             success_total=self.success,
             generation_tokens=self.generation,
+            # An engine sending both names (the old one deprecated) counts once, by the new.
+            itl_sum=self.itl_sum if self.itl_count is not None else self.itl_sum_old,
+            itl_count=self.itl_count if self.itl_count is not None else self.itl_count_old,
         )
 
 
@@ -246,6 +269,14 @@ def _collect(text: str, wanted: frozenset[str], model_label: str) -> dict[str, _
             acc.accepted = _add(acc.accepted, value)
         elif name == _VLLM_GENERATION:
             acc.generation = _add(acc.generation, value)
+        elif name == _VLLM_ITL_SUM:
+            acc.itl_sum = _add(acc.itl_sum, value)
+        elif name == _VLLM_ITL_COUNT:
+            acc.itl_count = _add(acc.itl_count, value)
+        elif name == _VLLM_ITL_SUM_OLD:
+            acc.itl_sum_old = _add(acc.itl_sum_old, value)
+        elif name == _VLLM_ITL_COUNT_OLD:
+            acc.itl_count_old = _add(acc.itl_count_old, value)
     return accs
 
 

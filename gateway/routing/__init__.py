@@ -1,8 +1,9 @@
 """Pure routing: which backends, in what order, for one request given one load snapshot.
 
 Stages, each pure and tested on its own: ``filters`` (who may take the request), ``saturation``
-(who has room), ``order`` (in what order), ``golden`` and ``baselines`` (the policies built from
-them), ``policies`` (the catalog), ``params`` (the names and parameters, defined once).
+(who has room), ``order`` (in what order); the policies built from them: ``golden``,
+``baselines`` and ``learned`` (which reads the latency model's predictions, ``curves``);
+``policies`` (the catalog), ``params`` (the names and parameters, defined once).
 """
 
 from gateway.routing.params import (
@@ -22,6 +23,7 @@ from gateway.routing.types import (
     Role,
     RouteRequest,
     RouterState,
+    Slo,
 )
 
 __all__ = [
@@ -40,5 +42,6 @@ __all__ = [
     "Role",
     "RouteRequest",
     "RouterState",
+    "Slo",
     "build_policy",
 ]

@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 PolicyName = Literal[
-    "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
+    "learned", "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
 ]
 POLICY_NAMES: Final[tuple[str, ...]] = get_args(PolicyName)
 DEFAULT_POLICY: Final[PolicyName] = "golden-range"
@@ -77,6 +77,26 @@ class PolicyParams(BaseModel):
         ge=2,
         description="Throughput pools with at least this many backends with room pick their"
         " first by power of two choices; smaller ones go strictly by load.",
+    )
+
+    explore_rate: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="learned: share of decisions that send the request first to a backend the"
+        " latency model has not observed for explore_after_s, so it keeps learning there.",
+    )
+    explore_after_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="learned: a backend's model is unsure once it has gone this long without"
+        " an observation.",
+    )
+    full_ttft_factor: float = Field(
+        default=2.0,
+        gt=0,
+        description="learned: a backend is full (admission holds the request, then 429) when its"
+        " predicted TTFT is beyond this many times the request's TTFT SLO.",
     )
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from gateway.routing.baselines import LeastLoaded, RoundRobin, TierFirst
 from gateway.routing.golden import GoldenRange
+from gateway.routing.learned import Learned
 from gateway.routing.params import (
     POLICY_NAMES,
     ParamError,
@@ -48,6 +49,7 @@ Builder = Callable[[str, PolicyParams], Policy]
 
 POLICIES: Mapping[PolicyName, Builder] = MappingProxyType(
     {
+        "learned": Learned.build,
         "golden-range": GoldenRange.build,
         "least-loaded": LeastLoaded.build,
         "round-robin": RoundRobin.build,

@@ -6,6 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.routing.curves import Prediction
 
 __all__ = [
     "Backend",
@@ -16,6 +20,7 @@ __all__ = [
     "Role",
     "RouteRequest",
     "RouterState",
+    "Slo",
 ]
 
 
@@ -42,6 +47,9 @@ class Reason(StrEnum):
     ROUND_ROBIN = "round_robin"
     PREFERRED_TIER = "preferred_tier"  # latency-only / throughput-only got their tier
     FALLBACK_TIER = "fallback_tier"  # ... or had to use the other one
+    PREDICTED_SLO_MET = "predicted_slo_met"  # learned: predicted to meet the request's SLO there
+    HEADROOM = "headroom"  # learned: predicted to meet it nowhere; the most headroom went first
+    EXPLORE = "explore"  # learned: a backend the model has not seen lately, to keep learning
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,9 @@ class BackendLoad:
     inflight: int = 0
     healthy: bool = True
     stale: bool = False
+    # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts: the
+    # streams one more request would slow down, and by how much they may slow.
+    slos: tuple[tuple[float, int], ...] = ()
 
     @property
     def effective(self) -> int:
@@ -89,6 +100,11 @@ class LoadSnapshot:
         default_factory=lambda: MappingProxyType({}), hash=False
     )
     taken_at: float = 0.0
+    # The latency model's predictions per backend url (gateway.routing.curves.Prediction), for
+    # the policies that read them; not part of a snapshot's identity.
+    curves: Mapping[str, Prediction] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False, compare=False
+    )
     # The copy behind ``loads``, which ``load`` reads directly: a decision reads a few hundred
     # loads, and each read through the proxy costs half as much again.
     _by_url: dict[str, BackendLoad] = field(init=False, repr=False, compare=False)
@@ -104,6 +120,14 @@ class LoadSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Slo:
+    """What a request needs: its first token within ``ttft_s``, then ``tpot_s`` per token."""
+
+    ttft_s: float = 1.0
+    tpot_s: float = 0.025
+
+
+@dataclass(frozen=True, slots=True)
 class RouteRequest:
     """The features of a request that routing may look at."""
 
@@ -111,6 +135,7 @@ class RouteRequest:
     pinned: Role | None = None
     stream: bool = False
     exclude: frozenset[str] = frozenset()
+    slo: Slo = field(default_factory=Slo)
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,6 +196,8 @@ def reference_parse(text: str) -> dict[str, dict[str, float]]:
         "vllm:spec_decode_num_drafts_total": "spec_drafts",
         "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
         "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
+        "vllm:inter_token_latency_seconds_sum": "itl_sum",
+        "vllm:inter_token_latency_seconds_count": "itl_count",
     }
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -236,6 +238,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 spec_accepted_tokens=2100,
                 success_total=143,
                 generation_tokens=256_000,
+                itl_sum=pytest.approx(10.934),
+                itl_count=5,
             ),
             id="one-engine-eagle",
         ),
@@ -252,6 +256,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 spec_accepted_tokens=29,
                 success_total=14,
                 generation_tokens=512_000,
+                itl_sum=pytest.approx(21.868),
+                itl_count=10,
             ),
             id="two-engines-summed-kv-fullest",
         ),
@@ -260,7 +266,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
             "vllm:gpu_cache_usage_perc",
             False,
             EngineStats(
-                running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000
+                running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000,
+                itl_sum=pytest.approx(10.934), itl_count=5,
             ),
             id="old-kv-name-no-spec",
         ),

@@ -468,8 +468,9 @@ def test_round_robin_ignores_load() -> None:
 
 
 def test_catalog() -> None:
-    five = {"golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"}
-    assert set(POLICIES) == set(POLICY_NAMES) == five
+    six = {"learned", "golden-range", "least-loaded", "round-robin", "latency-only",
+           "throughput-only"}  # fmt: skip
+    assert set(POLICIES) == set(POLICY_NAMES) == six
     assert DEFAULT_POLICY == "golden-range"
     policy = build_policy(DEFAULT_POLICY, P)
     assert isinstance(policy, GoldenRange)

@@ -29,6 +29,7 @@ from tests.unit.routingfixtures import P
 def test_names_defined_once() -> None:
     assert get_args(PolicyName) == POLICY_NAMES
     assert POLICY_NAMES == (
+        "learned",
         "golden-range",
         "least-loaded",
         "round-robin",
@@ -47,9 +48,12 @@ def test_names_defined_once() -> None:
         ("latency_hard_cap", 24),
         ("max_waiting", 8),
         ("p2c_min_pool", 4),
+        ("explore_rate", 0.02),
+        ("explore_after_s", 10.0),
+        ("full_ttft_factor", 2.0),
     ],
 )
-def test_defaults(field: str, default: int) -> None:
+def test_defaults(field: str, default: float) -> None:
     assert getattr(P, field) == default
     assert PolicyParams.model_fields[field].description
 
@@ -61,6 +65,9 @@ def test_every_parameter_is_listed_above() -> None:
         "latency_hard_cap",
         "max_waiting",
         "p2c_min_pool",
+        "explore_rate",
+        "explore_after_s",
+        "full_ttft_factor",
     }
 
 

@@ -1,0 +1,136 @@
+"""Feeding the latency model: what the gateway sees goes in, predictions come out to routing.
+
+In: every scrape of an engine (its running count, inter-token latency histogram and speculative
+counters, from the monitor) and every stream the gateway relayed (its TTFT and TPOT, the
+backend's lease count when it joined and on average while it decoded). Out: the registry's
+`curves`, refitted once per monitor round where something was learned, which every routing
+snapshot carries; the model's gauges; and the view `/state` shows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from gateway import api
+from gateway.exchange import Exchange
+from gateway.latency_model import BackendModel, EngineSample, prior_prediction
+from gateway.load.parse import EngineStats
+from gateway.registry import BackendEntry, Registry
+from gateway.routing import Role
+from gateway.routing.curves import Prediction
+from gateway.settings import Settings
+from gateway.telemetry import Telemetry
+
+__all__ = ["SHOWN_CONCURRENCIES", "Learner", "engine_sample", "slo_limit"]
+
+# Where /state and the gauges show each curve.
+SHOWN_CONCURRENCIES = (1, 8, 16, 24, 32, 48, 64)
+
+
+def engine_sample(stats: Mapping[str, EngineStats]) -> EngineSample:
+    """One scrape's figures, summed over the engine's models."""
+    s = list(stats.values())
+    itl = [x for x in s if x.itl_sum is not None and x.itl_count is not None]
+    spec = [x for x in s if x.spec_drafts is not None and x.spec_draft_tokens is not None
+            and x.spec_accepted_tokens is not None]  # fmt: skip
+    return EngineSample(
+        running=sum(x.running for x in s),
+        itl_sum=sum(x.itl_sum or 0.0 for x in itl) if itl else None,
+        itl_count=sum(x.itl_count or 0.0 for x in itl) if itl else None,
+        spec=(
+            sum(x.spec_drafts or 0.0 for x in spec),
+            sum(x.spec_draft_tokens or 0.0 for x in spec),
+            sum(x.spec_accepted_tokens or 0.0 for x in spec),
+        ) if spec else None,
+    )  # fmt: skip
+
+
+def slo_limit(pred: Prediction, tpot_s: float, upto: int = 256) -> int:
+    """The most streams at which the predicted TPOT still meets `tpot_s` (0: not even one)."""
+    n = 0
+    while n < upto and pred.tpot.at(n + 1) <= tpot_s:
+        n += 1
+    return n
+
+
+class Learner:
+    def __init__(
+        self,
+        registry: Registry,
+        settings: Settings,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry, self.telemetry, self.clock = registry, telemetry, clock
+        self.slo = settings.slo.slo()
+        cfg = settings.learning
+        self.models = {
+            e.url: BackendModel(
+                prior_prediction(e.backend.role, settings.policy, self.slo),
+                cfg.prior_weight, cfg.memory, cfg.acceptance_halflife_s,
+            )
+            for e in registry
+        }  # fmt: skip
+        self._dirty: set[str] = set(self.models)
+        self.refresh()
+
+    # -- in ------------------------------------------------------------------------------------
+    def scraped(self, entry: BackendEntry, stats: Mapping[str, EngineStats], now: float) -> None:
+        self.models[entry.url].observe_engine(engine_sample(stats), now)
+        self._dirty.add(entry.url)
+
+    def finished(self, ex: Exchange) -> None:
+        """A relayed stream, if it ran to its end: TTFT at the load it joined, TPOT at the
+        mean load while it decoded."""
+        b = ex.backend
+        if b is None or ex.status != 200 or ex.first_text_at is None or ex.midstream_error:
+            return
+        entry = self.registry.entry(b.url)
+        now = self.clock()
+        ttft = (ex.joined_at_load, ex.first_text_at - ex.started)
+        tpot = None
+        tokens = ex.output_tokens or ex.text_events
+        if tokens > 1 and ex.last_text_at is not None and ex.busy_mark is not None:
+            area, at = ex.busy_mark
+            end_area, _ = entry.busy_mark(now)
+            mean = (end_area - area) / (now - at) if now > at else float(entry.busy)
+            tpot = (max(1.0, mean), (ex.last_text_at - ex.first_text_at) / (tokens - 1))
+        self.models[b.url].observe_request(now, tpot, ttft)
+        self._dirty.add(b.url)
+
+    # -- out -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Refit what learned something since the last call and hand it to routing."""
+        if not self._dirty:
+            return
+        curves = dict(self.registry.curves)
+        for url in self._dirty:
+            curves[url] = pred = self.models[url].prediction()
+            self._gauges(self.registry.entry(url), pred)
+        self._dirty.clear()
+        self.registry.curves = MappingProxyType(curves)
+
+    def view(self, url: str, now: float) -> api.ModelView | None:
+        pred = self.registry.curves.get(url)
+        if pred is None:
+            return None
+        tpot, ttft = pred.tpot, pred.ttft
+        return api.ModelView(
+            curve=[api.CurvePoint(concurrency=n, tpot_ms=round(tpot.at(n) * 1000, 3),
+                                  ttft_ms=round(ttft.at(n) * 1000, 3),
+                                  evidence=round(tpot.evidence_at(n), 2))
+                   for n in SHOWN_CONCURRENCIES],
+            tokens_per_step=round(pred.tokens_per_step, 3),
+            acceptance_rate=None if pred.acceptance is None else round(pred.acceptance, 4),
+            slo_limit=slo_limit(pred, self.slo.tpot_s),
+            observed_ago_s=None if pred.observed_at is None else round(now - pred.observed_at, 3),
+        )  # fmt: skip
+
+    def _gauges(self, entry: BackendEntry, pred: Prediction) -> None:
+        t, b = self.telemetry, entry.backend
+        for n in SHOWN_CONCURRENCIES:
+            t.predicted_tpot.labels(b.role.value, b.url, str(n)).set(pred.tpot.at(n))
+        if b.role is Role.LATENCY:
+            t.latency_limit.labels(b.url).set(slo_limit(pred, self.slo.tpot_s))
