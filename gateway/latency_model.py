@@ -2,13 +2,14 @@
 online from what the gateway sees, starting from a prior.
 
 Per backend and quantity, a value per knot of concurrency (gateway.routing.curves.KNOTS). An
-observation at concurrency c updates the two knots around c, split by distance, as an
-exponentially weighted mean whose memory is `memory` observations per knot: a knot that is
-visited often follows change within a few seconds; one that is not keeps what it learned. The
+observation at concurrency c moves the two knots around c by its residual, split by distance,
+with a step size that shrinks to 1/`memory` (an exponentially weighted mean over that many
+observations per knot): a knot visited often follows change within a few seconds; one that is
+not keeps what it learned. The
 published curve is the weighted isotonic (non-decreasing) fit of the knots, so a few noisy
 observations cannot make more load look faster; past the highest knot with data it extrapolates
-the last learned slope instead of trusting the prior there (optimism where the model is unsure:
-the router then tries that concurrency and learns it).
+the lower of the learned slope and the prior's shape (optimism where the model is unsure: the
+router then tries that concurrency and learns it).
 
 Speculative decoding is modelled apart, because it is what moves fastest: TPOT = step time /
 tokens per step, and the tokens per step (1 + accepted drafts per verification) come from the
@@ -65,28 +66,32 @@ class CurveLearner:
         self.memory = memory
 
     def observe(self, n: float, y: float, weight: float = 1.0) -> None:
-        """One observation `y` at concurrency `n`, shared by the two knots around it."""
+        """One observation `y` at concurrency `n`. The residual against the current line
+        through the two knots around `n` moves both, each by its share of `weight` (a
+        gradient step of piecewise-linear least squares: unbiased on a straight segment,
+        where averaging `y` into the knots would drag each toward its neighbour)."""
         if not (math.isfinite(y) and y >= 0 and math.isfinite(n)):
             return
         k = KNOTS
         if n <= k[0]:
-            self._add(0, y, weight)
+            self._add(0, y - self.values[0], weight)
             return
         if n >= k[-1]:
-            self._add(len(k) - 1, y, weight)
+            self._add(len(k) - 1, y - self.values[-1], weight)
             return
         i = 0
         while k[i + 1] < n:
             i += 1
         f = (n - k[i]) / (k[i + 1] - k[i])
-        self._add(i, y, weight * (1 - f))
-        self._add(i + 1, y, weight * f)
+        residual = y - (self.values[i] + f * (self.values[i + 1] - self.values[i]))
+        self._add(i, residual, weight * (1 - f))
+        self._add(i + 1, residual, weight * f)
 
-    def _add(self, i: int, y: float, w: float) -> None:
+    def _add(self, i: int, residual: float, w: float) -> None:
         if w <= 0:
             return
         self.weights[i] = min(self.weights[i] + w, self.memory)
-        self.values[i] += (w / self.weights[i]) * (y - self.values[i])
+        self.values[i] += (w / self.weights[i]) * residual
         self.seen[i] = min(self.seen[i] + w, self.memory)
 
     def scale(self, factor: float) -> None:
@@ -94,15 +99,33 @@ class CurveLearner:
             self.values = [v * factor for v in self.values]
 
     def curve(self) -> Curve:
-        fitted = isotonic(self.values, self.weights)
+        """The published curve: the isotonic fit of the knots with data; between them, straight
+        lines; below them, the prior (no higher than the data); above them, the lower of the
+        prior (scaled to meet the data) and the learned slope carried on."""
+        prior = isotonic(self.values, self.weights)
         data = [i for i, s in enumerate(self.seen) if s >= 0.5]
+        if not data:
+            return Curve(tuple(prior), tuple(self.seen))
+        fitted = list(prior)
+        dv = isotonic([self.values[i] for i in data], [self.weights[i] for i in data])
+        for i, v in zip(data, dv, strict=True):
+            fitted[i] = v
+        first, last = data[0], data[-1]
+        for i in range(first):
+            fitted[i] = min(prior[i], dv[0])
+        for (a, va), (b, vb) in zip(zip(data, dv, strict=True), zip(data[1:], dv[1:], strict=True),
+                                    strict=False):  # fmt: skip
+            for i in range(a + 1, b):
+                fitted[i] = va + (vb - va) * (KNOTS[i] - KNOTS[a]) / (KNOTS[b] - KNOTS[a])
+        top = dv[-1]
+        slope = 0.0
         if len(data) >= 2:
-            # Past the highest knot with data, the learned slope rather than the prior.
-            a, b = data[-2], data[-1]
-            slope = max(0.0, (fitted[b] - fitted[a]) / (KNOTS[b] - KNOTS[a]))
-            for i in range(b + 1, len(KNOTS)):
-                line = fitted[b] + slope * (KNOTS[i] - KNOTS[b])
-                fitted[i] = max(fitted[b], min(fitted[i], line))
+            slope = max(0.0, (top - dv[-2]) / (KNOTS[last] - KNOTS[data[-2]]))
+        ratio = top / prior[last] if prior[last] > 0 else 1.0
+        for i in range(last + 1, len(KNOTS)):
+            line = top + slope * (KNOTS[i] - KNOTS[last])
+            shaped = prior[i] * ratio
+            fitted[i] = max(top, min(shaped, line) if len(data) >= 2 else shaped)
         return Curve(tuple(fitted), tuple(self.seen))
 
 

@@ -215,7 +215,7 @@ class LearningConfig(_Model):
     # Half-life of the speculative acceptance average: the whole TPOT curve rescales with it.
     acceptance_halflife_s: float = Field(default=3.0, gt=0)
     # The prior's weight in observations: small, so data takes over at once where there is any.
-    prior_weight: float = Field(default=1.0, gt=0)
+    prior_weight: float = Field(default=0.25, gt=0)
 
 
 def _split_keys(value: Any) -> Any:

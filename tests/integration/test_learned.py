@@ -1,0 +1,133 @@
+"""The learned policy over real sockets: the gateway learns the simulators' curves and their
+speculative acceptance, shows them, counts SLO outcomes, and follows an acceptance shift."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.stack import MODEL, Stack, start_stack
+from tests.integration.test_gateway import families, total, wait_until
+
+BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 96,
+                        "ignore_eos": True, "stream": True,
+                        "stream_options": {"include_usage": True}}  # fmt: skip
+V4_LOW = [0.45, 0.35, 0.3, 0.25, 0.2]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(tmp_path_factory.mktemp("learned"), speedup=10,
+                    policy={"name": "learned"})  # fmt: skip
+    yield s
+    s.stop()
+
+
+def _wave(gw: str, n: int, headers: dict[str, str] | None = None) -> list[httpx.Response]:
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            return list(
+                await asyncio.gather(
+                    *(c.post(gw + "/v1/completions", json=BODY, headers=headers) for _ in range(n))
+                )
+            )
+
+    return asyncio.run(run())
+
+
+def _models(gw: str) -> dict[str, dict[str, Any]]:
+    return {b["url"]: b["model"] for b in httpx.get(gw + "/state").json()["backends"]}
+
+
+def test_state_shows_the_learned_curves_and_acceptance(stack: Stack) -> None:
+    gw = stack.gateway.url
+    # At 10x the latency tier beats the throughput prior everywhere: pin some work there too.
+    for n, pin in ((8, None), (24, None), (40, None), (16, "throughput")):
+        responses = _wave(gw, n, {"x-tiergate-tier": pin} if pin else None)
+        assert all(r.status_code == 200 for r in responses)
+        assert all(r.text.endswith("data: [DONE]\n\n") for r in responses)
+    state = httpx.get(gw + "/state").json()
+    assert state["policy"] == "learned"
+    assert (state["slo_ttft_ms"], state["slo_tpot_ms"]) == (1000, 25)
+    models = _models(gw)
+    lat = models[stack.latency[0].url]
+    # v4 accepts [0.8, 0.75, 0.7, 0.65, 0.6]: 3.26 tokens per step, 45% of drafts.
+    assert lat["tokens_per_step"] == pytest.approx(3.26, rel=0.15)
+    assert lat["acceptance_rate"] == pytest.approx(0.452, rel=0.15)
+    for sim in stack.throughput:
+        assert models[sim.url]["tokens_per_step"] == 1.0
+        assert models[sim.url]["acceptance_rate"] is None
+    for model in models.values():
+        curve = model["curve"]
+        assert [p["concurrency"] for p in curve] == [1, 8, 16, 24, 32, 48, 64]
+        tpots = [p["tpot_ms"] for p in curve]
+        assert tpots == sorted(tpots)  # non-decreasing in concurrency
+        assert sum(p["evidence"] for p in curve) > 0  # learned, not only the prior
+        assert 0 <= model["observed_ago_s"] < 10
+    # Ten times faster engines: v4's TPOT is ~0.6 ms alone, ~2 ms at 40 streams; v3's ~1.4 ms
+    # (more on this shared CPU: 2.5 ms per token is a v4 that is not ten times faster).
+    assert lat["curve"][0]["tpot_ms"] < 2.5
+    assert lat["curve"][0]["tpot_ms"] < models[stack.throughput[0].url]["curve"][0]["tpot_ms"]
+    assert lat["slo_limit"] >= 16  # at 10x, far more than 16 streams meet 25 ms
+
+
+def test_metrics_show_predictions_limits_and_slo_outcomes(stack: Stack) -> None:
+    gw = stack.gateway.url
+    _wave(gw, 4, {"x-tiergate-slo-tpot-ms": "12"})
+    _wave(gw, 4, {"x-tiergate-slo-tpot-ms": "0.01", "x-tiergate-slo-ttft-ms": "5000"})
+    fams = families(gw)
+    lat = stack.latency[0].url
+    for n in ("1", "16", "64"):
+        assert total(fams, "tiergate_backend_predicted_tpot_seconds", backend=lat,
+                     concurrency=n) > 0  # fmt: skip
+    assert total(fams, "tiergate_latency_tier_limit", backend=lat) >= 16
+    met12 = total(fams, "tiergate_slo_met", "tiergate_slo_met_total", slo="tpot<=12ms")
+    assert met12 >= 4  # 10x engines meet 12 ms easily
+    missed = total(fams, "tiergate_slo_missed", "tiergate_slo_missed_total", slo="tpot<=5ms")
+    assert missed >= 4  # nobody streams at 10 us per token
+    decisions = total(fams, "tiergate_routing_decisions", "tiergate_routing_decisions_total",
+                      policy="learned", reason="predicted_slo_met")  # fmt: skip
+    assert decisions > 0
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("x-tiergate-slo-tpot-ms", "fast"),
+        ("x-tiergate-slo-tpot-ms", "0"),
+        ("x-tiergate-slo-ttft-ms", "-5"),
+        ("x-tiergate-slo-ttft-ms", "nan"),
+        ("x-tiergate-slo-ttft-ms", "1e12"),
+    ],
+)
+def test_bad_slo_headers_get_a_clear_400(stack: Stack, header: str, value: str) -> None:
+    body = {"model": MODEL, "prompt": "one", "max_tokens": 4}
+    r = httpx.post(stack.gateway.url + "/v1/completions", json=body, headers={header: value})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == header
+    assert "milliseconds" in err["message"]
+
+
+def test_an_acceptance_drop_is_seen_and_the_curve_moves(stack: Stack) -> None:
+    gw, lat = stack.gateway.url, stack.latency[0].url
+    before = _models(gw)[lat]
+    r = httpx.post(lat + "/sim/speculative", json={"acceptance": V4_LOW})
+    assert r.status_code == 200
+
+    def dropped() -> bool:
+        _wave(gw, 8)
+        return bool(_models(gw)[lat]["tokens_per_step"] < 2.0)
+
+    assert wait_until(dropped, timeout=30, every=0.2)
+    after = _models(gw)[lat]
+    # v4-low's vector: 1.67 tokens per step; the TPOT curve scales up with 3.26 / 1.67.
+    assert after["tokens_per_step"] == pytest.approx(1.67, rel=0.2)
+    assert after["curve"][0]["tpot_ms"] > 1.3 * before["curve"][0]["tpot_ms"]
+    httpx.post(lat + "/sim/speculative", json={"scale": 1.0})
+    time.sleep(0.1)
