@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -51,6 +52,18 @@ def bench_calibrate(
     run(profiles or None, requests_per_user=requests_per_user, out=out, report=report)
 
 
+class Deployment(StrEnum):
+    LITTLE = "little"
+    TUTORIAL = "tutorial"
+    A_LOT = "a-lot"
+    SHIFT = "shift"
+
+
+class SloClass(StrEnum):
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+
+
 @bench.command("routing")
 def bench_routing(
     phase_seconds: Annotated[float, typer.Option(help="Seconds per phase of each shape.")] = 15,
@@ -65,28 +78,148 @@ def bench_routing(
             help=f"Policies to compare (default all: {', '.join(POLICY_NAMES)}).",
         ),
     ] = None,
+    deployment: Annotated[
+        list[Deployment] | None,
+        typer.Option(
+            help="Latency instance: little (v4-low, EAGLE accepting little), tutorial (v4), "
+            "a-lot (v4-high), shift (v4, acceptance x 0.55 from the middle phase). Repeat for "
+            "several, each a report of its own (default: tutorial)."
+        ),
+    ] = None,
+    slo_class: Annotated[
+        list[SloClass] | None,
+        typer.Option(
+            help="Run with every request in this SLO class: interactive (TTFT <= 1 s, TPOT <= "
+            "12 ms) or standard (<= 25 ms); repeat for several. Default: --slo-ttft/--slo-tpot."
+        ),
+    ] = None,
+    oracle_limit: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1,
+            help="Also run golden-range with the latency tier capped at exactly this many "
+            "streams (repeat to sweep: the best is the oracle the learned policy is judged by).",
+        ),
+    ] = None,
     speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
     slo_ttft: Annotated[float, typer.Option(help="TTFT SLO, seconds.")] = 1.0,
     slo_tpot: Annotated[float, typer.Option(help="TPOT SLO, seconds.")] = 0.025,
-    out: Annotated[Path, typer.Option(help="Folder for routing.md/.json/.png.")] = Path(
+    out: Annotated[Path, typer.Option(help="Folder for routing*.md/.json/.png.")] = Path(
         "docs/results"
     ),
 ) -> None:
-    """Compare the routing policies on one simulated deployment (1 x v4 latency + 2 x v3
-    throughput): step and burst shapes, per phase TTFT/TPOT p50/p99, tok/s and goodput."""
+    """Compare the routing policies on simulated deployments (1 EAGLE-3 latency + 2 x v3
+    throughput instances): step and burst shapes, per phase TTFT/TPOT p50/p99, tok/s and
+    goodput; the learned policy against golden-range and the oracle (best fixed limit)."""
     from loadtests.phases import Slo
-    from loadtests.routing import POLICIES, run
+    from loadtests.routing import POLICIES, SLO_CLASSES, run
 
     _logging("warning")
-    run(
-        shapes=tuple(shape or ("step", "burst")),
-        policies=tuple(policy or POLICIES),
-        phase_s=phase_seconds,
-        rounds=rounds,
-        speedup=speedup,
-        slo=Slo(slo_ttft, slo_tpot),
-        out_dir=out,
-    )
+    classes = {c.value: SLO_CLASSES[c.value] for c in slo_class or ()}
+    combos = [(d.value, c, s) for d in deployment or [Deployment.TUTORIAL]
+              for c, s in (classes or {"": Slo(slo_ttft, slo_tpot)}).items()]  # fmt: skip
+    for dep, cls, slo in combos:
+        name = "routing" if len(combos) == 1 else "-".join(x for x in ("routing", dep, cls) if x)
+        run(
+            shapes=tuple(shape or ("step", "burst")),
+            policies=tuple(policy or POLICIES),
+            phase_s=phase_seconds,
+            rounds=rounds,
+            speedup=speedup,
+            slo=slo,
+            out_dir=out,
+            deployment=dep,
+            oracle_limits=tuple(oracle_limit or ()),
+            name=name,
+        )
+
+
+def _levels(text: str) -> str:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: comma-separated whole numbers") from None
+    if not levels or min(levels) < 1:
+        raise typer.BadParameter(f"{text!r}: concurrencies of 1 or more")
+    return text
+
+
+@bench.command("crossover")
+def bench_crossover(
+    latency: Annotated[
+        str,
+        typer.Option(
+            "--latency",
+            metavar="URL",
+            help="The latency engine (EAGLE), e.g. "
+            "http://gpu-a:8000: called directly, not through the gateway.",
+        ),
+    ],
+    throughput: Annotated[
+        str, typer.Option("--throughput", metavar="URL", help="The throughput engine (AWQ).")
+    ],
+    levels: Annotated[
+        str, typer.Option(callback=_levels, help="Concurrencies, comma-separated.")
+    ] = "1,2,4,8,16,24,32,48,64",
+    prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length (words).")] = 50,
+    output_tokens: Annotated[
+        int, typer.Option(min=2, help="max_tokens, with ignore_eos: every request's length.")
+    ] = 256,
+    seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Per level and engine: users keep sending for this long (each "
+            "at least 2 requests, the first warm-up). Default 30.",
+        ),
+    ] = None,
+    requests_per_user: Annotated[
+        int | None,
+        typer.Option(
+            min=2, help="Instead of --seconds: this many requests per user, the first warm-up."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (default: each engine's first in /v1/models).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Bearer token for both engines (masked in the report).")
+    ] = None,
+    slo_tpot_ms: Annotated[
+        list[float] | None,
+        typer.Option(help="TPOT SLOs (ms) for the per-engine limits; repeat. Default 12 and 25."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for crossover.json, .md and .png.")
+    ] = None,
+    note: Annotated[
+        str | None, typer.Option(help="A line for the report: what the engines are.")
+    ] = None,
+) -> None:
+    """Each engine alone at increasing concurrency (closed loop, streamed completions): TTFT,
+    TPOT, tok/s per level; where the latency engine stops being faster per token, and the
+    golden-range limits that follow."""
+    import sys
+
+    from loadtests.crossover import DEFAULT_SECONDS, DEFAULT_SLO_TPOT_MS, Options, command_line, run
+
+    if seconds is not None and requests_per_user is not None:
+        raise typer.BadParameter("give --seconds or --requests-per-user, not both")
+    _logging("warning")
+    opts = Options(
+        latency=latency, throughput=throughput,
+        levels=tuple(sorted({int(x) for x in levels.split(",") if x.strip()})),
+        prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        seconds=DEFAULT_SECONDS if seconds is None else seconds,
+        requests_per_user=requests_per_user, model=model, api_key=api_key,
+        slo_tpot_ms=tuple(slo_tpot_ms or DEFAULT_SLO_TPOT_MS), out=out, note=note,
+        command=command_line(sys.argv[1:]),
+    )  # fmt: skip
+    try:
+        run(opts)
+    except (RuntimeError, OSError) as e:  # an engine that does not answer as asked
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @bench.command("overhead")

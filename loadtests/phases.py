@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -64,8 +64,11 @@ async def run_phases(
     output_tokens: int = 256,
     model: str | None = None,
     on_done: Callable[[Result], None] | None = None,
+    headers: dict[str, str] | None = None,
+    on_phase: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[list[Result], list[float]]:
-    """Drive the shape; returns every request and the phases' start times (plus the end)."""
+    """Drive the shape; returns every request and the phases' start times (plus the end).
+    `headers` go with every request; `on_phase(i)` is awaited as phase i starts."""
     body: dict[str, object] = {
         "prompt": prompt_of(prompt_tokens), "max_tokens": output_tokens, "temperature": 0,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
@@ -82,14 +85,17 @@ async def run_phases(
             n = 0
             while u < wanted[0]:
                 n += 1
-                r = await stream_completion(session, url, body, Result(u, n, time.perf_counter()))
+                r = await stream_completion(session, url, body, Result(u, n, time.perf_counter()),
+                                            headers)  # fmt: skip
                 results.append(r)
                 if on_done:
                     on_done(r)
 
         running: dict[int, asyncio.Task[None]] = {}
         starts = []
-        for target in users:
+        for i, target in enumerate(users):
+            if on_phase is not None:
+                await on_phase(i)
             starts.append(time.perf_counter())
             wanted[0] = target
             for u in range(target):

@@ -1,7 +1,13 @@
 """`tiergate bench routing`: the routing policies compared on one simulated deployment.
 
-One v4 (EAGLE-3) latency instance and two v3 (AWQ) throughput instances; one gateway per policy
-in front of the same engines. The step shape (1 -> 16 -> 32 -> 64 -> 16 -> 1 users) and the burst
+One EAGLE-3 latency instance (`--deployment`: v4-low accepting little, the tutorial's v4, v4-high
+accepting a lot, or `shift`: v4 whose acceptance drops to 55% of its vector halfway through) and
+two v3 (AWQ) throughput instances; one gateway per policy in front of the same engines, and per
+`--oracle-limit L` one more: golden-range with the latency tier capped at exactly L streams (the
+best of them is the oracle, the best fixed limit for that deployment and shape). Every request
+carries the run's SLO in x-tiergate-slo-* headers, which the learned policy routes by.
+
+The step shape (1 -> 16 -> 32 -> 64 -> 16 -> 1 users) and the burst
 shape (8 users with spikes to 64) run once per policy, the policies alternating (their order
 rotates every round) and the engines drained between runs. Per phase: TTFT and TPOT p50/p99,
 output tokens/s, and goodput: requests per second that met every SLO (default TTFT <= 1 s and
@@ -12,12 +18,13 @@ are further apart than twice the square root of their sum.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import tempfile
 import time
 import urllib.request
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,38 @@ from loadtests.stack import MODEL, Stack, add_gateway, start_stack
 
 POLICIES = POLICY_NAMES
 GOLDEN: PolicyName = "golden-range"
+LEARNED: PolicyName = "learned"
+ORACLE_PREFIX = "limit-"
+SLO_CLASSES = {"interactive": Slo(1.0, 0.012), "standard": Slo(1.0, 0.025)}
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    latency_profile: str
+    shift_scale: float | None = None  # acceptance x this from the middle phase on
+
+
+DEPLOYMENTS = {
+    "little": Deployment("v4-low"),
+    "tutorial": Deployment("v4"),
+    "a-lot": Deployment("v4-high"),
+    "shift": Deployment("v4", shift_scale=0.55),
+}
+
+
+def oracle_policy(limit: int) -> dict[str, Any]:
+    """golden-range with the latency tier taking work below exactly `limit` streams."""
+    return {"name": GOLDEN, "latency_max_concurrency": limit, "latency_hard_cap": limit,
+            "hysteresis": 0}  # fmt: skip
+
+
+def _acceptance(sim_url: str, scale: float) -> None:
+    req = urllib.request.Request(
+        sim_url + "/sim/speculative", data=json.dumps({"scale": scale}).encode(),
+        headers={"content-type": "application/json"}, method="POST",
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=5) as r:
+        r.read()
 
 
 def _wait_idle(stack: Stack, timeout: float = 120.0) -> None:
@@ -66,17 +105,34 @@ def run(
     prompt_tokens: int = 50,
     output_tokens: int = 256,
     console: Console | None = None,
+    deployment: str = "tutorial",
+    oracle_limits: tuple[int, ...] = (),
+    name: str = "routing",
 ) -> dict[str, Any]:
     console = console or Console()
     slo = slo or Slo()
+    dep = DEPLOYMENTS[deployment]
+    # The gateway sees wall-clock time: an SLO in model time shrinks with the engines' speedup.
+    wall = {"ttft_ms": slo.ttft_s * 1000 / speedup, "tpot_ms": slo.tpot_s * 1000 / speedup}
+    headers = {f"x-tiergate-slo-{k.replace('_', '-')}": f"{v:g}" for k, v in wall.items()}
+    settings = {p: {"name": p} for p in policies} | {
+        f"{ORACLE_PREFIX}{n}": oracle_policy(n) for n in oracle_limits}  # fmt: skip
+    policies = tuple(settings)
     runs: dict[tuple[str, str], list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-routing-") as tmp:
-        stack = start_stack(Path(tmp), latency=1, throughput=2, speedup=speedup, gateways=0)
+        stack = start_stack(Path(tmp), latency=1, throughput=2, speedup=speedup, gateways=0,
+                            latency_profile=dep.latency_profile)  # fmt: skip
+        lat_url = stack.latency[0].url
+
+        async def shift(phase: int, shape: str) -> None:
+            if dep.shift_scale is not None and phase == len(SHAPES[shape]) // 2:
+                await asyncio.to_thread(_acceptance, lat_url, dep.shift_scale)
+
         try:
             gateways = {
                 p: add_gateway(stack, Path(tmp), f"gw-{p}", log_level="warning",
-                               policy={"name": p}).url
-                for p in policies
+                               policy=cfg, slo=wall).url
+                for p, cfg in settings.items()
             }  # fmt: skip
             total = rounds * sum(len(SHAPES[s]) for s in shapes) * len(policies) * phase_s
             with Progress(console=console, transient=True) as progress:
@@ -87,22 +143,29 @@ def run(
                         for policy in order:
                             progress.update(task, description=f"{shape} / {policy}")
                             _wait_idle(stack)
+                            if dep.shift_scale is not None:
+                                _acceptance(lat_url, 1.0)
                             results, starts = asyncio.run(run_phases(
                                 gateways[policy] + "/v1/completions", SHAPES[shape], phase_s,
                                 prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                                model=MODEL,
+                                model=MODEL, headers=headers,
+                                on_phase=functools.partial(shift, shape=shape),
                             ))  # fmt: skip
                             runs.setdefault((shape, policy), []).append((results, starts))
                             progress.advance(task, len(SHAPES[shape]) * phase_s)
         finally:
             stack.stop()
     report = _report(runs, shapes, policies, slo, speedup)
+    report["deployment"] = {"name": deployment, "latency_profile": dep.latency_profile,
+                            "shift_scale": dep.shift_scale}  # fmt: skip
     _print(console, report, slo)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "routing.json").write_text(json.dumps(report, indent=2))
-        _plot(report, out_dir / "routing.png")
-        (out_dir / "routing.md").write_text(_markdown(report, slo, phase_s, rounds, speedup))
+        (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2))
+        _plot(report, out_dir / f"{name}.png")
+        (out_dir / f"{name}.md").write_text(
+            _markdown(report, slo, (phase_s, rounds, speedup), name)
+        )
     return report
 
 
@@ -132,8 +195,32 @@ def _report(
             "whole_verdict": _verdict(whole, strict=True)
             if GOLDEN in whole and len(whole) > 1
             else None,
+            "learned_verdict": learned_verdict(whole),
         }
     return report
+
+
+def learned_verdict(met: dict[str, int]) -> dict[str, Any] | None:
+    """The learned policy's SLO-met count against the oracle (the best fixed latency-tier
+    limit, >= 95% of it wanted) and against golden-range (>= wanted), each with its counting
+    noise band (2 sqrt(a + b)); None without the learned policy."""
+    if LEARNED not in met:
+        return None
+    out: dict[str, Any] = {"learned": met[LEARNED]}
+    limits = {p: n for p, n in met.items() if p.startswith(ORACLE_PREFIX)}
+    if limits:
+        best = max(limits, key=lambda p: limits[p])
+        o, n = limits[best], met[LEARNED]
+        noise = 2 * math.sqrt(n + o)
+        out["oracle"] = {"policy": best, "slo_met": o, "ratio": n / o if o else math.inf,
+                         "noise": round(noise, 1), "ok": n >= 0.95 * o - noise,
+                         "met": n >= 0.95 * o}  # fmt: skip
+    if GOLDEN in met:
+        g, n = met[GOLDEN], met[LEARNED]
+        noise = 2 * math.sqrt(n + g)
+        out["golden"] = {"slo_met": g, "noise": round(noise, 1), "ok": n >= g - noise,
+                         "met": n >= g}  # fmt: skip
+    return out
 
 
 def _verdict(met: dict[str, int], strict: bool = False) -> dict[str, Any]:
@@ -181,6 +268,17 @@ def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
     if w := data["whole_verdict"]:
         lines.append(f"whole run: golden-range {w['golden']} vs {w['best_other']} {w['other']} "
                      f"(noise ±{w['noise']}): {b}{w['text']}{b}")  # fmt: skip
+    if lv := data.get("learned_verdict"):
+        n = lv["learned"]
+        if o := lv.get("oracle"):
+            text = "MET" if o["met"] else ("met within noise" if o["ok"] else "NOT MET")
+            lines.append(f"learned {n} vs oracle ({o['policy']}) {o['slo_met']} = "
+                         f"{o['ratio']:.2f}x (noise ±{o['noise']}), "
+                         f">= 0.95x: {b}{text}{b}")  # fmt: skip
+        if g := lv.get("golden"):
+            text = "MET" if g["met"] else ("met within noise" if g["ok"] else "NOT MET")
+            lines.append(f"learned {n} vs golden-range {g['slo_met']} (noise ±{g['noise']}), "
+                         f">=: {b}{text}{b}")  # fmt: skip
     return lines
 
 
@@ -213,19 +311,27 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _markdown(report: dict[str, Any], slo: Slo, phase_s: float, rounds: int,
-              speedup: float) -> str:  # fmt: skip
+def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], name: str
+              ) -> str:  # fmt: skip
+    phase_s, rounds, speedup = how
+    dep = report["deployment"]
+    shift = (f"; its acceptance x {dep['shift_scale']:g} from the middle phase on"
+             if dep["shift_scale"] is not None else "")  # fmt: skip
+    oracle = [p for p in report["shapes"][next(iter(report["shapes"]))]["policies"]
+              if p.startswith(ORACLE_PREFIX)]  # fmt: skip
     lines = [
-        "# Routing policies compared",
+        f"# Routing policies compared: {dep['name']} deployment",
         "",
-        f"Command: `tiergate bench routing --phase-seconds {phase_s:g} --rounds {rounds}"
-        f"{f' --speedup {speedup:g}' if speedup != 1 else ''}`  ",
-        f"Date: {time.strftime('%Y-%m-%d')}. Deployment: 1 x v4 (EAGLE-3) latency + 2 x v3 (AWQ) "
-        "throughput simulators, one gateway per policy, policies alternating.  ",
+        f"Command: `tiergate bench routing --deployment {dep['name']} --phase-seconds {phase_s:g}"
+        f" --rounds {rounds}{f' --speedup {speedup:g}' if speedup != 1 else ''}"
+        f"{''.join(f' --oracle-limit {p[len(ORACLE_PREFIX) :]}' for p in oracle)}`  ",
+        f"Date: {time.strftime('%Y-%m-%d')}. Deployment: 1 x {dep['latency_profile']} (EAGLE-3)"
+        f" latency{shift} + 2 x v3 (AWQ) throughput simulators, one gateway per policy, policies"
+        " alternating; `limit-L`: golden-range with the latency tier capped at L streams.  ",
         f"SLO: TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s * 1000:g} ms. Goodput = SLO-met "
         "requests per second; `n` = requests finished in the phase (the sample count).",
         "",
-        "![goodput per phase](routing.png)",
+        f"![goodput per phase]({name}.png)",
         "",
     ]
     for shape, data in report["shapes"].items():

@@ -46,3 +46,26 @@ def test_routing_benchmark_report(tmp_path: Path) -> None:
     for name in ("routing.json", "routing.md", "routing.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert json.loads((tmp_path / "routing.json").read_text()) == report
+
+
+def test_learned_against_the_oracle_on_a_shifting_deployment(tmp_path: Path) -> None:
+    report = run(
+        shapes=("burst",), policies=("learned", "golden-range"), phase_s=0.8, speedup=10,
+        output_tokens=32, out_dir=tmp_path, slo=Slo(1.0, 0.012), console=Console(width=200),
+        deployment="shift", oracle_limits=(4, 16), name="routing-shift-interactive",
+    )  # fmt: skip
+    assert report["deployment"] == {"name": "shift", "latency_profile": "v4", "shift_scale": 0.55}
+    burst = report["shapes"]["burst"]
+    assert set(burst["policies"]) == {"learned", "golden-range", "limit-4", "limit-16"}
+    # a cap of 4 streams keeps the latency tier at 4: more than that went to the pool
+    assert max(ph["by_tier"].get("latency", 0) for ph in burst["policies"]["limit-4"]) > 0
+    lv = burst["learned_verdict"]
+    met = {p: w["slo_met"] for p, w in burst["whole"].items()}
+    assert lv["learned"] == met["learned"]
+    assert lv["oracle"]["policy"] == max(("limit-4", "limit-16"), key=lambda p: met[p])
+    assert lv["golden"]["slo_met"] == met["golden-range"]
+    md = (tmp_path / "routing-shift-interactive.md").read_text()
+    assert "--deployment shift" in md
+    assert "--oracle-limit 4 --oracle-limit 16" in md
+    assert "learned" in md
+    assert "vs oracle" in md
