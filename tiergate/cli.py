@@ -3,6 +3,9 @@ only typer at the top, so `tiergate sim` loads neither the gateway nor the bench
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from engines import cli as engines_cli
@@ -20,6 +23,57 @@ app.command()(engines_cli.sim)
 app.command()(engines_cli.hf)
 app.command()(gateway_cli.serve)
 app.command()(up)
+
+
+def study_command(
+    phase_seconds: Annotated[
+        float, typer.Option(help="Virtual seconds per phase of each shape.")
+    ] = 20.0,
+    seeds: Annotated[int, typer.Option(help="Seeds per cell and policy.")] = 6,
+    deployment: Annotated[
+        list[str] | None,
+        typer.Option(help="Deployments: little, tutorial, a-lot, shift (default all)."),
+    ] = None,
+    shape: Annotated[
+        list[str] | None, typer.Option(help="Shapes: step, burst (default both).")
+    ] = None,
+    slo: Annotated[
+        list[str] | None,
+        typer.Option(help="SLO classes: interactive, standard (default both)."),
+    ] = None,
+    jobs: Annotated[int, typer.Option(help="Worker processes (0: one per CPU).")] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for routing-sim.md/.json/.png and the learned-* plots."),
+    ] = None,
+) -> None:
+    """The routing policies on a virtual clock: the gateway's policies and latency model
+    driving the simulator's scheduler, over deployments x shapes x SLO classes x seeds, with
+    the oracle's sweep of latency-tier limits."""
+    from loadtests.phases import SHAPES
+    from tiergate import study
+
+    def pick(names: list[str] | None, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+        unknown = [n for n in names or () if n not in known]
+        if unknown:
+            raise typer.BadParameter(
+                f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}"
+            )
+        return tuple(names) if names else known
+
+    opts = study.Options(
+        phase_s=phase_seconds,
+        seeds=seeds,
+        deployments=pick(deployment, tuple(study.DEPLOYMENTS), "deployment"),
+        shapes=pick(shape, tuple(SHAPES), "shape"),
+        slos=pick(slo, tuple(study.SLO_CLASSES), "SLO class"),
+        jobs=jobs,
+        out=out,
+    )
+    study.run(opts)
+
+
+loadtests_cli.bench.command("routing-sim")(study_command)
 app.add_typer(loadtests_cli.bench, name="bench")
 
 

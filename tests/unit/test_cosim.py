@@ -1,0 +1,136 @@
+"""The routing co-simulation (tiergate.cosim) and its study (tiergate.study), on small
+deterministic runs: every request accounted for, the policies' placements as they promise, the
+acceptance shift reaching the engine and the latency model, the same seed giving the same run,
+and the command end to end on a tiny matrix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engines.sim.profile import load_profile
+from gateway.routing import PolicyParams, Reason, Role, Slo
+from tiergate.cli import app
+from tiergate.cosim import RunSpec, simulate
+from tiergate.study import ORACLE_LIMITS, arms, converged_after, oracle_arm, true_tpot, verdict
+
+STANDARD = Slo(1.0, 0.025)
+SMALL = (2, 8, 3)
+
+
+def spec(policy: str = "learned", **kw: object) -> RunSpec:
+    base: dict[str, object] = {
+        "latency": "v4", "throughput": ("v3", "v3"), "users": SMALL, "phase_s": 4.0,
+        "slo": STANDARD, "policy": policy,
+    }  # fmt: skip
+    return RunSpec(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_every_request_sent_finishes_and_leaves_nothing_in_flight() -> None:
+    r = simulate(spec())
+    assert r.sent == len(r.done) > 20
+    assert r.inflight_left == 0
+    assert r.ejections == 0
+    assert sum(r.reasons.values()) == r.sent
+    counted = [d for d in r.done if d.phase is not None]
+    assert {d.phase for d in counted} == {0, 1, 2}
+    # Users only stop after their request: the drained ones finished after the last phase.
+    assert 0 < len(r.done) - len(counted) <= max(SMALL)
+    assert all(d.ttft > 0.1 and 0 < d.tpot < 0.05 for d in r.done)  # a front end, then tokens
+    assert len(r.decision_ns) == len(r.decision_inflight) == r.sent
+
+
+def test_throughput_only_never_uses_the_latency_engine() -> None:
+    r = simulate(spec("throughput-only", users=(12, 24)))
+    assert r.done
+    assert {d.role for d in r.done} == {Role.THROUGHPUT}
+    assert set(r.reasons) == {Reason.PREFERRED_TIER}
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+def test_an_oracle_limit_caps_the_latency_tier(limit: int) -> None:
+    arm = oracle_arm(limit)
+    r = simulate(spec(arm.policy, params=arm.params, users=(16, 32), trace=True))
+    assert max(p.inflight for p in r.trace) == limit
+    assert {d.role for d in r.done} == {Role.LATENCY, Role.THROUGHPUT}
+
+
+def test_the_oracle_sweep_spans_golden_range_like_limits() -> None:
+    labels = {a.label: a for a in arms()}
+    assert {"learned", "golden-range", "least-loaded"} <= set(labels)
+    default = PolicyParams()
+    swept = {a.limit for a in labels.values() if a.limit is not None}
+    assert swept == set(ORACLE_LIMITS)
+    # The default golden range and hard cap are among the limits tried.
+    assert {default.latency_max_concurrency, default.latency_hard_cap} <= swept
+    assert labels["L=0"].policy == "throughput-only"
+    sixteen = labels["L=16"].params
+    assert (sixteen.latency_max_concurrency, sixteen.latency_hard_cap, sixteen.hysteresis) == (
+        16, 16, 0)  # fmt: skip
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another() -> None:
+    a, b, c = simulate(spec(seed=3)), simulate(spec(seed=3)), simulate(spec(seed=4))
+    assert a.done == b.done
+    assert a.reasons == b.reasons
+    assert a.curves == b.curves
+    assert a.done != c.done
+
+
+def test_an_acceptance_shift_reaches_the_engine_and_the_model() -> None:
+    low = load_profile("v4-low").speculative
+    assert low is not None
+    r = simulate(spec(users=(12,) * 4, shifts=((4.0, low.acceptance),), trace=True))
+    before = [p.tokens_per_step for p in r.trace if 3.0 <= p.t < 4.0]
+    after = [p.tokens_per_step for p in r.trace if 7.0 <= p.t < 8.0]
+    assert min(before) > 2.8  # v4: 3.26 tokens per step
+    assert max(after) < 2.2  # v4-low: 1.67, the 3 s half-life still carrying some of v4's
+    tpot_after = [p.tpot_at for p in r.trace if 7.0 <= p.t < 8.0]
+    assert min(tpot_after) > 1.4 * min(p.tpot_at for p in r.trace if 3.0 <= p.t < 4.0)
+
+
+def test_the_learned_latency_curve_approaches_the_truth_where_it_ran() -> None:
+    r = simulate(spec(users=(8,) * 3))
+    (lat,) = [u for u, role in r.roles.items() if role is Role.LATENCY]
+    learned, evidence = r.curves[lat][8 - 1]
+    assert evidence > 0.5
+    assert learned == pytest.approx(true_tpot("v4", 8), rel=0.25)
+
+
+def test_verdicts_and_convergence() -> None:
+    assert verdict(100, 100, 95)["text"] == "MET"
+    assert verdict(90, 100, 95)["text"] == "within noise"  # noise 2 sqrt(190) = 27.6
+    assert verdict(60, 100, 95)["text"] == "NOT MET"
+    trace = [{"t": t, "tpot_at": v} for t, v in [(1, 5.0), (2, 9.0), (3, 10.5), (4, 8.0),
+                                                    (5, 10.2), (6, 9.9)]]  # fmt: skip
+    assert converged_after(trace, 2.0, 10.0) == 3.0
+    assert converged_after(trace[:4], 2.0, 10.0) is None
+
+
+def test_the_command_writes_the_report(tmp_path: Path) -> None:
+    args = ["bench", "routing-sim", "--phase-seconds", "1", "--seeds", "1", "--deployment",
+            "tutorial", "--shape", "burst", "--slo", "interactive", "--jobs", "1",
+            "--out", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"routing-sim.md", "routing-sim.json", "routing-sim.png",
+                     "learned-shift.png", "learned-curves.png"}  # fmt: skip
+    report = json.loads((tmp_path / "routing-sim.json").read_text())
+    (cell,) = report["cells"]
+    assert (cell["deployment"], cell["shape"], cell["slo"]) == ("tutorial", "burst", "interactive")
+    assert cell["oracle"]["limit"] in ORACLE_LIMITS
+    assert cell["vs_oracle"]["text"] in ("MET", "within noise", "NOT MET")
+    assert report["conservation"] == {"inflight_left": 0, "ejections": 0}
+    md = (tmp_path / "routing-sim.md").read_text()
+    assert "--deployment tutorial --shape burst --slo interactive --out DIR" in md
+    assert str(tmp_path) not in md
+
+
+def test_the_command_refuses_an_unknown_deployment() -> None:
+    result = CliRunner().invoke(app, ["bench", "routing-sim", "--deployment", "nope"])
+    assert result.exit_code == 2  # a usage error, before anything runs
+    assert "unknown deployment nope" in result.output

@@ -1,0 +1,432 @@
+"""The gateway's routing and latency model driving the simulator's scheduler, on a virtual clock.
+
+A discrete-event simulation of one gateway in front of one latency engine and a throughput
+pool, with no HTTP and no real time, so that a routing study of hundreds of runs takes minutes:
+
+- engines: one `engines.sim.scheduler.Scheduler` per backend, each stepping on its own
+  (`plan(now)`, the step's duration later `commit(step, end)`); a request reaches its scheduler
+  after the profile's front-end delay, and the gauges a scrape reads are those published at the
+  last plan, as `engines.sim.engine` does; the inter-token latency histogram gets one sample per
+  emission after a request's first (the step's duration for a request decoding every step);
+- the gateway: the real `Registry` (in-flight leases, their integral and TPOT SLOs, the
+  snapshot routing reads), `Monitor.observe` every `scrape_interval_s` with what the engine's
+  metrics page would say, the real `Learner` (scrapes and finished streams in, predictions out)
+  and the routing policy built by `build_policy`, called as `gateway.router.Router` calls it;
+- users: the closed loop of `loadtests.phases` (a user active in a phase sends its next request
+  as soon as its last one finished; a request belongs to the phase in which it finished).
+
+The gateway's admission control is not modelled: a decision whose reason is `saturated` still
+goes to its primary (counted). No failures, so no retries. The latency model is fed only when
+the policy reads it (`learned`); the others would ignore it. Deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.sim.profile import Profile, load_profile
+from engines.sim.scheduler import Scheduler, Sequence
+from gateway.exchange import Endpoint, Exchange
+from gateway.learner import Learner, slo_limit
+from gateway.load.monitor import Monitor
+from gateway.load.parse import EngineStats
+from gateway.registry import BackendEntry, Registry
+from gateway.router import Router
+from gateway.routing import PolicyParams, Reason, Role, Slo
+from gateway.settings import BackendConfig, MonitorConfig, PolicyConfig, Settings, TierConfig
+from gateway.state import MemoryInflightStore
+from gateway.telemetry import Telemetry
+
+__all__ = [
+    "MODEL",
+    "Done",
+    "RunResult",
+    "RunSpec",
+    "TracePoint",
+    "simulate",
+]
+
+MODEL = "sim-model"
+ENDPOINT = Endpoint("/v1/completions", chat=False)
+# Where each learned curve is read back after a run (concurrency 1..64).
+CURVE_LEVELS = tuple(range(1, 65))
+# Concurrency at which the trace follows the latency tier's learned TPOT.
+TRACE_AT = 16
+
+# Event kinds, in the order they are handled when they fall on the same instant: tokens first
+# (a finished request frees its user), then arrivals, acceptance shifts, the monitor's round
+# (it sees the step that just ended), and the phase change last (its users route on that scrape).
+_STEP_END, _ARRIVE, _SHIFT, _SCRAPE, _PHASE = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One run: a deployment, a load shape, an SLO class, a policy, a seed."""
+
+    latency: str  # the latency engine's profile
+    throughput: tuple[str, ...]  # the throughput pool's profiles
+    users: tuple[int, ...]  # users per phase
+    phase_s: float
+    slo: Slo  # every request's
+    policy: str
+    params: PolicyParams = field(default_factory=PolicyParams)
+    seed: int = 0
+    # (virtual second, acceptance vector): the latency engine's workload changes then.
+    shifts: tuple[tuple[float, tuple[float, ...]], ...] = ()
+    prompt_tokens: int = 50
+    output_tokens: int = 256
+    scrape_interval_s: float = 0.25
+    trace: bool = False  # record the latency tier's learned limit and routing share per scrape
+
+    @property
+    def duration(self) -> float:
+        return len(self.users) * self.phase_s
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """One finished request, as the client saw it."""
+
+    phase: int | None  # None: finished after the last phase (drained, not counted)
+    role: Role
+    ttft: float
+    tpot: float
+    met: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TracePoint:
+    """The latency tier at one monitor round."""
+
+    t: float
+    limit: int  # most streams the learned TPOT curve says meet the trace SLO
+    tpot_at: float  # learned TPOT at TRACE_AT streams
+    tokens_per_step: float
+    routed: int  # requests routed since the last round
+    routed_latency: int  # ... of them to the latency tier
+    inflight: int  # the latency tier's in-flight count
+
+
+@dataclass(slots=True)
+class RunResult:
+    spec: RunSpec
+    done: list[Done]
+    sent: int
+    # Wall time of each policy call (ns) and the gateway's in-flight total when it was made.
+    decision_ns: list[int]
+    decision_inflight: list[int]
+    reasons: dict[str, int]
+    trace: list[TracePoint]
+    # The learned TPOT curve per backend url at CURVE_LEVELS after the run, with the evidence
+    # (decayed observations) behind each value (learned only).
+    curves: dict[str, list[tuple[float, float]]]
+    roles: dict[str, Role]
+    profiles: dict[str, str]
+    # Per phase, each backend's mean in-flight count (the lease integral over the phase).
+    phase_load: list[dict[str, float]]
+    ejections: int
+    preemptions: int
+    inflight_left: int
+    wall_s: float
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    user: int
+    ex: Exchange
+    engine: _Engine
+    seq: Sequence
+
+
+@dataclass(slots=True, eq=False)
+class _Engine:
+    """One simulated engine and what its metrics page says."""
+
+    entry: BackendEntry
+    profile: Profile
+    sched: Scheduler
+    stepping: bool = False
+    # Gauges as published at the last plan (engines.sim.engine publishes them there).
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    # Counters, cumulative.
+    itl_sum: float = 0.0
+    itl_count: int = 0
+    generated: int = 0
+    finished: int = 0
+
+    def stats(self) -> dict[str, EngineStats]:
+        """The engine's metrics page, parsed (what gateway.load.parse would return)."""
+        spec = self.sched.spec if self.sched.lookahead else None
+        return {MODEL: EngineStats(
+            running=self.running, waiting=self.waiting, kv_usage=self.kv_usage,
+            spec_drafts=None if spec is None else spec.drafts,
+            spec_draft_tokens=None if spec is None else spec.draft_tokens,
+            spec_accepted_tokens=None if spec is None else spec.accepted_tokens,
+            success_total=self.finished, generation_tokens=self.generated,
+            itl_sum=self.itl_sum, itl_count=self.itl_count,
+        )}  # fmt: skip
+
+
+async def _discard(_message: Any) -> None:  # the client's ASGI send: nobody listens
+    return None
+
+
+class _Sim:
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, Any]] = []
+        self._n = 0
+        urls = [("http://latency-0.sim", "latency", Role.LATENCY, spec.latency)] + [
+            (f"http://throughput-{i}.sim", "throughput", Role.THROUGHPUT, p)
+            for i, p in enumerate(spec.throughput)
+        ]
+        tiers: dict[str, list[BackendConfig]] = {}
+        for url, tier, _role, _p in urls:
+            tiers.setdefault(tier, []).append(BackendConfig(url=url, models=[MODEL]))
+        self.settings = Settings(
+            tiers=[
+                TierConfig.model_validate({"name": t, "role": t, "backends": b})
+                for t, b in tiers.items()
+            ],
+            policy=PolicyConfig.model_validate(
+                {**spec.params.model_dump(), "name": spec.policy, "seed": spec.seed}
+            ),
+            monitor=MonitorConfig(scrape_interval_s=spec.scrape_interval_s),
+        )
+        clock = self.clock
+        telemetry = Telemetry()
+        self.store = MemoryInflightStore()
+        self.registry = Registry(self.settings, self.store, telemetry, clock)
+        session: Any = None  # Monitor.observe does no I/O
+        self.monitor = Monitor(self.registry, self.settings.monitor, session, telemetry, clock)
+        self.learner = Learner(self.registry, self.settings, telemetry, clock)
+        self.learn = spec.policy == "learned"
+        if self.learn:
+            self.monitor.learner = self.learner
+        self.router = Router(self.settings.policy, self.registry)
+        self.engines: list[_Engine] = []
+        for i, (url, _tier, _role, name) in enumerate(urls):
+            profile = load_profile(name)
+            sched = Scheduler(profile, random.Random(spec.seed * 7919 + i))
+            self.engines.append(_Engine(self.registry.entry(url), profile, sched))
+        self.by_url = {e.entry.url: e for e in self.engines}
+        self.requests: dict[Sequence, _Request] = {}
+        self.busy_users: set[int] = set()
+        self.sent_by_user: Counter[int] = Counter()
+        self.wanted = 0
+        self.done: list[Done] = []
+        self.decision_ns: list[int] = []
+        self.decision_inflight: list[int] = []
+        self.reasons: Counter[str] = Counter()
+        self.trace: list[TracePoint] = []
+        self._routed = self._routed_latency = 0
+        self.dirty: set[_Engine] = set()
+        self.areas: list[dict[str, float]] = []  # lease integrals at each phase's start
+
+    def clock(self) -> float:
+        return self.now
+
+    def push(self, at: float, kind: int, payload: Any = None) -> None:
+        self._n += 1
+        heapq.heappush(self.events, (at, kind, self._n, payload))
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self) -> None:
+        spec = self.spec
+        for k in range(len(spec.users) + 1):  # the last "phase" (0 users) drains the run
+            self.push(k * spec.phase_s, _PHASE, k)
+        for at, vector in spec.shifts:
+            self.push(at, _SHIFT, vector)
+        self.push(0.0, _SCRAPE)
+        events = self.events
+        while events:
+            at, kind, _n, payload = heapq.heappop(events)
+            self.now = at
+            if kind == _STEP_END:
+                self.step_end(payload)
+            elif kind == _ARRIVE:
+                req: _Request = payload
+                req.seq.arrival = at
+                req.engine.sched.add(req.seq)
+                self.dirty.add(req.engine)
+            elif kind == _SHIFT:
+                self.engines[0].sched.acceptance = payload
+            elif kind == _SCRAPE:
+                self.scrape()
+            else:
+                self.phase(payload)
+            if self.dirty and (not events or events[0][0] > at):
+                self.kick()
+
+    def kick(self) -> None:
+        """Engines that are not mid-step plan their next one, once every event of this instant
+        is in (so simultaneous arrivals join the same step)."""
+        for e in sorted(self.dirty, key=lambda e: e.entry.url):
+            if e.stepping:
+                continue
+            step = e.sched.plan(self.now)
+            e.running, e.waiting = len(e.sched.running), len(e.sched.waiting)
+            e.kv_usage = e.sched.kv_usage
+            if step is not None:
+                e.stepping = True
+                self.push(self.now + step.duration, _STEP_END, (e, step))
+        self.dirty.clear()
+
+    def phase(self, k: int) -> None:
+        self.areas.append({e.entry.url: e.entry.busy_mark(self.now)[0] for e in self.engines})
+        users = self.spec.users
+        self.wanted = users[k] if k < len(users) else 0
+        for u in range(self.wanted):
+            if u not in self.busy_users:
+                self.send(u)
+
+    def step_end(self, payload: tuple[_Engine, Any]) -> None:
+        e, step = payload
+        e.stepping = False
+        self.dirty.add(e)
+        now = self.now
+        before = {s: s.last_token_at for s in (*step.decodes, *step.prefills)}
+        for em in e.sched.commit(step, now):
+            seq = em.seq
+            last = before.get(seq)
+            if last is not None:  # vLLM's inter-token latency: one sample per later emission
+                e.itl_sum += now - last
+                e.itl_count += 1
+            e.generated += em.tokens
+            req = self.requests.get(seq)
+            if req is None:
+                continue
+            ex = req.ex
+            if ex.first_text_at is None:
+                ex.first_text_at = now
+                ex.busy_mark = e.entry.busy_mark(now)  # the first byte (gateway.upstream)
+            ex.last_text_at = now
+            ex.text_events += 1
+            if em.finished:
+                e.finished += 1
+                self.finish(req)
+
+    def finish(self, req: _Request) -> None:
+        now, ex, entry = self.now, req.ex, req.engine.entry
+        ex.output_tokens = req.seq.generated
+        # The lease ends with the stream (gateway.registry.Lease.__exit__), then the learner
+        # reads the finished exchange (gateway.app).
+        self.store.release(entry.url)
+        entry.count_lease(-1, ex.slo.tpot_s, now)
+        if self.learn:
+            self.learner.finished(ex)
+        del self.requests[req.seq]
+        assert ex.first_text_at is not None
+        assert ex.last_text_at is not None
+        ttft = ex.first_text_at - ex.started
+        tokens = ex.output_tokens
+        tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1) if tokens > 1 else 0.0
+        slo = ex.slo
+        end = self.spec.duration
+        phase = int(now // self.spec.phase_s) if now < end else None
+        met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
+        self.done.append(Done(phase, entry.backend.role, ttft, tpot, met, ex.decision.reason))
+        self.busy_users.discard(req.user)
+        if req.user < self.wanted:
+            self.send(req.user)
+
+    def send(self, user: int) -> None:
+        """A user's next request: routed, leased, and on its way to the engine's front end."""
+        now, spec = self.now, self.spec
+        self.busy_users.add(user)
+        self.sent_by_user[user] += 1
+        n = self.sent_by_user[user]
+        ex = Exchange(f"{user}-{n}", ENDPOINT, {}, _discard, now, model=MODEL, stream=True,
+                      slo=spec.slo)  # fmt: skip
+        # gateway.router.Router.decide, with the policy call alone timed.
+        router, registry = self.router, self.registry
+        req, snap = ex.route_request(), registry.snapshot()
+        t0 = time.perf_counter_ns()
+        decision = router.policy(req, snap, router.state, router.rng)
+        self.decision_ns.append(time.perf_counter_ns() - t0)
+        router.state = decision.state
+        self.decision_inflight.append(sum(e.entry.busy for e in self.engines))
+        ex.decision = decision
+        self.reasons[decision.reason] += 1
+        backend = decision.primary
+        assert backend is not None, "every backend serves the model"
+        engine = self.by_url[backend.url]
+        entry = engine.entry
+        # The lease (gateway.registry.Lease.__enter__) and what gateway.upstream notes with it.
+        self.store.acquire(entry.url)
+        entry.count_lease(1, ex.slo.tpot_s, now)
+        ex.joined_at_load = entry.busy
+        ex.attempts, ex.backend, ex.status = 1, backend, 200
+        self._routed += 1
+        self._routed_latency += backend.role is Role.LATENCY
+        seq = Sequence(ex.id, spec.prompt_tokens, spec.output_tokens, now)
+        r = _Request(user, ex, engine, seq)
+        self.requests[seq] = r
+        delay = engine.profile.cost.frontend_delay_s(len(engine.sched.running))
+        self.push(now + delay, _ARRIVE, r)
+
+    def scrape(self) -> None:
+        """One monitor round: every engine's page into the registry (and the learner), then
+        the predictions refitted for routing."""
+        now = self.now
+        for e in self.engines:
+            self.monitor.observe(e.entry, e.stats(), now)
+        if self.learn:
+            self.learner.refresh()
+        if self.spec.trace:
+            self.record()
+        if now < self.spec.duration or self.requests:
+            self.push(now + self.spec.scrape_interval_s, _SCRAPE)
+
+    def record(self) -> None:
+        lat = self.engines[0]
+        pred = self.registry.curves[lat.entry.url]
+        self.trace.append(TracePoint(
+            self.now, slo_limit(pred, self.settings.slo.slo().tpot_s), pred.tpot.at(TRACE_AT),
+            pred.tokens_per_step, self._routed, self._routed_latency, lat.entry.busy,
+        ))  # fmt: skip
+        self._routed = self._routed_latency = 0
+
+
+def simulate(spec: RunSpec) -> RunResult:
+    """Run one simulation to its end (every request finished)."""
+    t0 = time.perf_counter()
+    sim = _Sim(spec)
+    sim.run()
+    phase_s, areas = spec.phase_s, sim.areas
+    phase_load = [{u: (b[u] - a[u]) / phase_s for u in a} for a, b in itertools.pairwise(areas)]
+    curves: dict[str, list[tuple[float, float]]] = {}
+    if sim.learn:
+        for url, pred in sim.registry.curves.items():
+            curves[url] = [(pred.tpot.at(n), pred.tpot.evidence_at(n)) for n in CURVE_LEVELS]
+    return RunResult(
+        spec=spec,
+        done=sim.done,
+        sent=sum(sim.sent_by_user.values()),
+        decision_ns=sim.decision_ns,
+        decision_inflight=sim.decision_inflight,
+        reasons=dict(sim.reasons),
+        trace=sim.trace,
+        curves=curves,
+        roles={e.entry.url: e.entry.backend.role for e in sim.engines},
+        profiles={e.entry.url: e.profile.name for e in sim.engines},
+        phase_load=phase_load,
+        ejections=sum(e.entry.live.ejected for e in sim.engines),
+        preemptions=sum(e.sched.preemptions for e in sim.engines),
+        inflight_left=sum(e.entry.busy for e in sim.engines),
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+def saturated(result: RunResult) -> int:
+    return result.reasons.get(Reason.SATURATED, 0)
