@@ -518,7 +518,9 @@ def revision() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    changed = git("status", "--porcelain", "--", "gateway", "engines", "tiergate", "loadtests")
+    # What a run imports: the gateway, the engines, this package, the load shapes.
+    code = ("gateway", "engines", "tiergate", "loadtests/phases.py", "loadtests/client.py")
+    changed = git("status", "--porcelain", "--", *code)
     return {
         "commit": git("rev-parse", "--short", "HEAD").strip(),
         "modified": sorted(line[3:] for line in changed.splitlines()),
