@@ -30,6 +30,7 @@ import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gateway.routing import DEFAULT_POLICY, PolicyName
 from loadtests.client import prompt_of
 from loadtests.procs import SimProcess
 from loadtests.promstack import (
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 
-def demo_settings() -> dict[str, Any]:
+def demo_settings(policy: PolicyName = DEFAULT_POLICY) -> dict[str, Any]:
     """Gateway settings of the demo deployment (a fresh dict each call).
 
     The golden range and the batch/queue limits are scaled down so that a few dozen users (what
@@ -60,11 +61,11 @@ def demo_settings() -> dict[str, Any]:
     frees: only a queue longer than a tenth of a second of service turns into 429s. 500 is
     retried so that injected engine errors exercise retries and failovers; a small retry budget
     floor lets a burst of failures exhaust it. The monitor scrapes at its default interval, as
-    deployed.
+    deployed. The latency model learns under every policy; `learned` also routes by it.
     """
     return {
-        "policy": {"latency_max_concurrency": 6, "hysteresis": 2, "latency_hard_cap": 8,
-                   "max_waiting": 3, "queue_deadline_s": 0.1},
+        "policy": {"name": policy, "latency_max_concurrency": 6, "hysteresis": 2,
+                   "latency_hard_cap": 8, "max_waiting": 3, "queue_deadline_s": 0.1},
         "retry": {"retry_statuses": [429, 500, 502, 503, 504], "budget_min_per_s": 1.0},
         "monitor": {"scrape_interval_s": 0.25, "probe_interval_s": 0.5},
         "log_level": "warning",
@@ -74,7 +75,7 @@ def demo_settings() -> dict[str, Any]:
 DEMO_THROUGHPUT_ARGS = ("--max-num-seqs", "6")
 
 
-def start_demo_stack(workdir: Path, speedup: float) -> Stack:
+def start_demo_stack(workdir: Path, speedup: float, policy: PolicyName = DEFAULT_POLICY) -> Stack:
     """The demo deployment; its tiers are named after their roles, as `tiergate up` names them,
     so the `tier` label reads the same on every gateway metric."""
     stack = start_stack(workdir, speedup=speedup, throughput_args=DEMO_THROUGHPUT_ARGS,
@@ -84,7 +85,7 @@ def start_demo_stack(workdir: Path, speedup: float) -> Stack:
         tiers = [{"name": role, "role": role,
                   "backends": [{"url": s.url, "models": [MODEL]} for s in sims]}
                  for role, sims in roles]  # fmt: skip
-        add_gateway(stack, workdir, "gateway", tiers=tiers, **demo_settings())
+        add_gateway(stack, workdir, "gateway", tiers=tiers, **demo_settings(policy))
     except BaseException:
         stack.stop()
         raise
@@ -107,6 +108,9 @@ class Scenario:
     phases: tuple[Phase, ...]
     output_tokens: int = 64
     prompt_tokens: int = 50
+    # One user in three asks this TPOT SLO (x-tiergate-slo-tpot-ms), the others the gateway's
+    # default: two SLO classes for the SLO panels, and two goals for the learned policy.
+    tight_tpot_ms: float = 12.0
     # A burst of requests that fail on every engine: retries beyond the budget, ejections.
     burst_at: float = 0.12
     burst: int = 12
@@ -161,6 +165,10 @@ async def _send(
         return 0
 
 
+def _slo_headers(sc: Scenario, user: int) -> dict[str, str] | None:
+    return {"x-tiergate-slo-tpot-ms": f"{sc.tight_tpot_ms:g}"} if user % 3 == 1 else None
+
+
 def _body(sc: Scenario, user: int, n: int) -> tuple[dict[str, Any], bool]:
     # A mix: two requests in three stream, one user in four speaks chat.
     stream = (user + n) % 3 != 0
@@ -195,7 +203,7 @@ async def drive(stack: Stack, sc: Scenario, tick: Callable[[float], None] | None
             while u < wanted[0]:
                 n += 1
                 body, chat = _body(sc, u, n)
-                status = await _send(session, url, body, chat=chat)
+                status = await _send(session, url, body, _slo_headers(sc, u), chat)
                 log.statuses[f"load {status}"] += 1
                 if status != 200:
                     await asyncio.sleep(0.25)  # back off as a client does on 429/503
@@ -554,6 +562,7 @@ def run(
     rate_interval: str = "10s",
     dashboards_dir: Path = DASHBOARDS_DIR,
     console: Console | None = None,
+    policy: PolicyName = DEFAULT_POLICY,
 ) -> dict[str, dict[str, int]]:
     """Run the deployment under the step load and render every dashboard to out_dir."""
     console = console or Console()
@@ -562,7 +571,7 @@ def run(
     drawn: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-dashboards-") as tmp:
         with console.status("starting the simulators, the gateway and Prometheus..."):
-            stack = start_demo_stack(Path(tmp), speedup)
+            stack = start_demo_stack(Path(tmp), speedup, policy)
         try:
             prom = PrometheusProcess(workdir=Path(tmp) / "prometheus",
                                      config=local_config(stack_targets(stack))).start()  # fmt: skip
@@ -594,7 +603,7 @@ def run(
         console.print(f"{out_dir / name}.png: {len(panels_drawn)} panels, "
                       f"{sum(panels_drawn.values())} series"
                       + (f"; [red]no data[/]: {empty}" if empty else ""))  # fmt: skip
-    _readme(out_dir, sc, speedup, step, rate_interval, seconds, output_tokens, drawn)
+    _readme(out_dir, sc, policy, speedup, step, rate_interval, seconds, output_tokens, drawn)
     return drawn
 
 
@@ -606,6 +615,7 @@ def _progress(console: Console) -> Progress:
 def _readme(
     out_dir: Path,
     sc: Scenario,
+    policy: str,
     speedup: float,
     step: float,
     rate_interval: str,
@@ -618,6 +628,10 @@ def _readme(
     images = "\n".join(f"- `{name}.png`: `grafana/dashboards/{name}.json`, {len(d)} panels, "
                        f"{sum(d.values())} series" for name, d in drawn.items())  # fmt: skip
     pct = [round(f * 100) for f in (sc.burst_at, *sc.v4_errors, *(sc.outage or (0, 0)))]
+    k = demo_settings()["policy"]
+    golden = (f"`latency_max_concurrency` {k['latency_max_concurrency']}, hard cap "
+              f"{k['latency_hard_cap']}, `max_waiting` {k['max_waiting']}, queue deadline "
+              f"{k['queue_deadline_s']:g} s")  # fmt: skip
     text = f"""# Dashboard renderings
 
 PNG renderings of the Grafana dashboards in `grafana/dashboards/`, made without a Grafana server
@@ -633,14 +647,17 @@ tiergate bench dashboards --out docs/dashboards --seconds {seconds:g} --speedup 
 ## How they were made
 1. A scaled-down deployment starts on loopback: one v4 simulator (latency tier, EAGLE-3
    profile) and two v3 simulators (throughput pool, AWQ profile, `--max-num-seqs 6`) behind one
-   gateway with a small golden range (`latency_max_concurrency` 6, hard cap 8, `max_waiting` 3,
-   queue deadline 0.3 s), so that a few dozen users cross every regime. 500 answers are
-   retried, with a retry budget floor of 1/s. The tiers are named `latency` and `throughput`.
+   gateway running the `{policy}` routing policy, with a small golden range
+   ({golden})
+   so that a few dozen users cross every regime. 500 answers are retried, with a retry budget
+   floor of 1/s. The tiers are named `latency` and `throughput`. The gateway's latency model
+   learns each engine's curves whatever the policy routes by.
 2. A real Prometheus scrapes it with `deploy/prometheus/prometheus.yml` (targets swapped for the
    loopback ports, 1 s scrape and rule evaluation) and the rule files of
    `deploy/prometheus/rules/`, so job names, labels and recording rules are the deployed ones.
 3. Closed-loop users ({output_tokens} output tokens; two requests in three stream, a quarter of
-   the users use the chat endpoint) follow a step shape:
+   the users use the chat endpoint, a third ask a {sc.tight_tpot_ms:g} ms TPOT SLO with
+   `x-tiergate-slo-tpot-ms` and the others get the default, 25 ms) follow a step shape:
 {_indent(phases)}
 4. Faults, at fixed points of the run (dotted vertical lines): a burst of {sc.burst} requests
    that fail on every engine at {pct[0]}% (retries past the budget, ejections); the v4 engine
@@ -667,6 +684,21 @@ Stat panels show the value at the end of the window (after the load), over a spa
   engines in the overload phase; draft acceptance and mean acceptance length of v4 stay at the
   profile's values whatever the load; the HPA signals are the 1-minute recording rules, with
   the autoscaler's triggers (14 req/s, 3 s) and the SLA (5 s) as dashed lines.
+- Gateway overview, learned routing: the latency model's predicted TPOT curves (a line per
+  backend and concurrency, the default 25 ms SLO dashed) leave their priors within seconds of
+  the first streams and move as the load steps up; v4 (EAGLE-3) is predicted well under the
+  throughput engines wherever it has run. The model sees only the concurrencies a backend
+  runs at and extrapolates past them: under golden-range v4 never holds more than its hard cap
+  of {k["latency_hard_cap"]} streams, so its curve above that, and "Latency tier limit" (the
+  count stops at 256), swing with what it saw at up to {k["latency_hard_cap"]} streams; under
+  `learned` the overload phase takes v4 to a few dozen streams, its curve rises past the
+  throughput engines' there and the limit settles at what v4 holds within 25 ms.
+  "SLO met, by request class": the {sc.tight_tpot_ms:g} ms class misses on the throughput tier,
+  whose engines stream at about 14 ms per token; the 25 ms class misses there in the overload
+  phase, when requests queue past the 1 s TTFT SLO. The draft acceptance is v4's cumulative
+  acceptance as the gateway scrapes it (its profile's, flat), which scales v4's predicted
+  curve. With `learned`, "Routing reasons" shows `predicted_slo_met`, `headroom` and `explore`
+  by tier.
 - Load test: offered and completed part ways when the deployment saturates; the SLO-met share
   and E2E p99 against the 5 s SLA show what the users of that phase experienced.
 """

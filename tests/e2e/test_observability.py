@@ -9,7 +9,9 @@ One v4 and two v3 simulators behind a gateway, a real Prometheus with the deploy
 - every alert: its expression with the literal thresholds stripped (the signal it compares),
   since a healthy short run should not make most of them fire;
 each must return at least one series with a finite value. Finally every dashboard is rendered
-to PNG from `query_range`, as `tiergate bench dashboards` does.
+to PNG from `query_range`, as `tiergate bench dashboards` does. The demo runs the deployed
+policy (golden-range); the same deployment and load with the `learned` policy must fill the
+learned routing row too, and route by the model's predictions.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.routing import DEFAULT_POLICY, PolicyName
 from loadtests.dashboards import (
     LoadLog,
     Window,
@@ -61,6 +64,7 @@ PANEL_QUERIES = tuple(
                  id=f"{board.name}/{panel.title}/{target.ref_id}")
     for board in DASHBOARDS for panel, target in board.queries()
 )  # fmt: skip
+LEARNED_ROW = "Learned routing"
 RULES = tuple(load_rules())
 
 
@@ -75,10 +79,8 @@ class Observed:
         return f"{math.ceil(self.at - self.log.start)}s"
 
 
-@pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
-    tmp = tmp_path_factory.mktemp("observability")
-    stack = start_demo_stack(tmp, SPEEDUP)
+def _observe(tmp: Path, policy: PolicyName) -> Iterator[Observed]:
+    stack = start_demo_stack(tmp, SPEEDUP, policy)
     try:
         config = local_config(stack_targets(stack))
         with PrometheusProcess(workdir=tmp / "prometheus", config=config) as prom:
@@ -90,6 +92,16 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
             yield Observed(client, log, time.time())
     finally:
         stack.stop()
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    yield from _observe(tmp_path_factory.mktemp("observability"), DEFAULT_POLICY)
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    yield from _observe(tmp_path_factory.mktemp("observability-learned"), "learned")
 
 
 def _describe(series: list[Series]) -> str:
@@ -122,10 +134,7 @@ def test_targets_carry_the_compose_jobs_and_labels(observed: Observed) -> None:
     ]
 
 
-@pytest.mark.parametrize(("board", "panel", "expr", "legend"), PANEL_QUERIES)
-def test_panel_query_returns_data(
-    observed: Observed, board: str, panel: str, expr: str, legend: str
-) -> None:
+def _panel_query(observed: Observed, board: str, panel: str, expr: str, legend: str) -> None:
     (dashboard,) = [d for d in DASHBOARDS if d.name == board]
     variables = variable_values(dashboard, observed.client)
     q = substitute(expr, variables, rate_interval=observed.span, interval="1s",
@@ -133,6 +142,41 @@ def test_panel_query_returns_data(
     series = observed.client.query(q, observed.at)
     print(f"panel {board} / {panel} [{legend}]: {_describe(series)}")
     _require_data(f"dashboard {board}, panel {panel!r}", q, series)
+
+
+@pytest.mark.parametrize(("board", "panel", "expr", "legend"), PANEL_QUERIES)
+def test_panel_query_returns_data(
+    observed: Observed, board: str, panel: str, expr: str, legend: str
+) -> None:
+    _panel_query(observed, board, panel, expr, legend)
+
+
+def _learned_row() -> list[tuple[str, str, str, str]]:
+    """(board, panel, expr, legend) of the learned routing row and of the routing reasons."""
+    (board,) = [d for d in DASHBOARDS if d.name == "gateway-overview"]
+    rows = sorted((p.grid[1], p.title) for p in board.panels if p.type == "row")
+    (top,) = [y for y, t in rows if t == LEARNED_ROW]
+    bottom = min([y for y, _ in rows if y > top], default=10**6)
+    return [(board.name, p.title, t.expr, t.legend) for p, t in board.queries()
+            if top < p.grid[1] < bottom or p.title == "Routing reasons"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("board", "panel", "expr", "legend"), _learned_row())
+def test_learned_policy_panel_query_returns_data(
+    learned: Observed, board: str, panel: str, expr: str, legend: str
+) -> None:
+    _panel_query(learned, board, panel, expr, legend)
+
+
+def test_learned_policy_routes_by_prediction_for_each_slo_class(learned: Observed) -> None:
+    c, at = learned.client, learned.at
+    reasons = {s.labels["reason"] for s in c.query(
+        'sum by (reason) (tiergate_routing_decisions_total{policy="learned"})', at)}  # fmt: skip
+    assert "predicted_slo_met" in reasons, reasons
+    classes = {s.labels["slo"] for s in c.query("tier_slo:tiergate_slo_met:ratio_rate1m", at)}
+    assert {"tpot<=12ms", "tpot<=25ms"} <= classes, classes  # the load's two SLO classes
+    (limit,) = c.query("tiergate_latency_tier_limit", at)
+    assert limit.points[0][1] >= 1  # the simulated v4 meets 25 ms with at least one stream
 
 
 @pytest.mark.parametrize("rule", [r for r in RULES if r.kind == "record"], ids=lambda r: r.name)

@@ -4,6 +4,7 @@ unit tests, and the dashboards' structure (no live stack; see tests/e2e/test_obs
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,12 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.telemetry import Telemetry
 from loadtests.promstack import (
     DASHBOARDS_DIR,
     PROMETHEUS_CONFIG,
     REPO,
     RULES_DIR,
     Dashboard,
+    Panel,
     load_dashboards,
     load_rules,
     local_config,
@@ -178,3 +181,77 @@ def test_every_dashboard_variable_is_defined() -> None:
             substitute(target.expr, values)  # raises on an undefined variable
         for v in board.variables:
             substitute(v.query, values)
+
+
+# A gateway series name: not part of a recorded name (`job:tiergate_requests:rate1m`).
+_GATEWAY_SERIES = re.compile(r"(?<![\w:])tiergate_\w+(?![\w:])")
+_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",),
+             "histogram": ("_bucket", "_count", "_sum", "_created")}  # fmt: skip
+
+
+def _exported() -> set[str]:
+    """Every series name the gateway's registry can expose."""
+    return {f.name + suffix for f in Telemetry().registry.collect() for suffix in _SUFFIXES[f.type]}
+
+
+def test_every_gateway_series_queried_is_exported() -> None:
+    queried: dict[str, str] = {}
+    for board in _boards():
+        for panel, target in board.queries():
+            for name in _GATEWAY_SERIES.findall(target.expr):
+                queried.setdefault(name, f"{board.name} / {panel.title}")
+        for v in board.variables:
+            for name in _GATEWAY_SERIES.findall(v.query):
+                queried.setdefault(name, f"{board.name} / ${v.name}")
+    for rule in load_rules():
+        for name in _GATEWAY_SERIES.findall(rule.expr):
+            queried.setdefault(name, f"{rule.file} / {rule.name}")
+    unknown = {name: where for name, where in queried.items() if name not in _exported()}
+    assert not unknown, f"series the gateway does not export: {unknown}"
+
+
+@needs_promtool
+def test_every_panel_query_is_valid_promql(tmp_path: Path) -> None:
+    # promtool parses each expression of a rule file: every panel target, its variables at
+    # "All", becomes one recording rule.
+    exprs = [substitute(t.expr, {v.name: ".*" for v in board.variables})
+             for board in _boards() for _, t in board.queries()]  # fmt: skip
+    rules = [{"record": f"panel_query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    out = promtool("check", "rules", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in out.stdout, out.stdout
+
+
+def test_learned_routing_row_shows_the_latency_model() -> None:
+    (board,) = [b for b in _boards() if b.name == "gateway-overview"]
+    row = _row(board, "Learned routing")
+    queried = {name: p.title for p in row for t in p.targets
+               for name in _GATEWAY_SERIES.findall(t.expr)}  # fmt: skip
+    assert {"tiergate_backend_predicted_tpot_seconds", "tiergate_latency_tier_limit",
+            "tiergate_slo_met_total", "tiergate_slo_missed_total",
+            "tiergate_backend_spec_acceptance_rate"} <= set(queried), queried  # fmt: skip
+    # A curve has a line per backend and concurrency; the SLO share one per tier and class.
+    curves = [t for p in row for t in p.targets if "predicted_tpot" in t.expr]
+    assert {"tier=\"latency\"", "tier=\"throughput\""} <= {
+        m for t in curves for m in re.findall(r'tier="\w+"', t.expr)}  # fmt: skip
+    for t in curves:
+        assert "{{backend}}" in t.legend, t.legend
+        assert "{{concurrency}}" in t.legend, t.legend
+    (slo,) = [p for p in row if "slo_met" in p.targets[0].expr]
+    assert "by (tier, slo)" in slo.targets[0].expr
+    assert "{{slo}}" in slo.targets[0].legend
+    # The learned policy's reasons send to either tier: the reasons panel splits by tier too.
+    (reasons,) = [p for p in board.panels if p.title == "Routing reasons"]
+    assert "by (reason, tier)" in reasons.targets[0].expr
+
+
+def _row(board: Dashboard, title: str) -> list[Panel]:
+    """The panels under a row, up to the next one."""
+    rows = sorted((p.grid[1], p.title) for p in board.panels if p.type == "row")
+    (top,) = [y for y, t in rows if t == title]
+    below = [y for y, _ in rows if y > top]
+    bottom = min(below) if below else 10**6
+    return sorted((p for p in board.panels if p.type != "row" and top < p.grid[1] < bottom),
+                  key=lambda p: (p.grid[1], p.grid[0]))  # fmt: skip
