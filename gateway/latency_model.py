@@ -8,8 +8,8 @@ observations per knot): a knot visited often follows change within a few seconds
 not keeps what it learned. The
 published curve is the weighted isotonic (non-decreasing) fit of the knots, so a few noisy
 observations cannot make more load look faster; past the highest knot with data it extrapolates
-the lower of the learned slope and the prior's shape (optimism where the model is unsure: the
-router then tries that concurrency and learns it).
+the prior's shape scaled to the data (so a tier known to be fast at 16 streams is expected to
+degrade from there as the prior says, not to stay flat).
 
 Speculative decoding is modelled apart, because it is what moves fastest: TPOT = step time /
 tokens per step, and the tokens per step (1 + accepted drafts per verification) come from the
@@ -57,9 +57,10 @@ class CurveLearner:
     """The knots of one curve: value, weight (prior plus data, capped at `memory`) and how many
     observations lie behind each."""
 
-    __slots__ = ("memory", "seen", "values", "weights")
+    __slots__ = ("memory", "prior", "seen", "values", "weights")
 
     def __init__(self, prior: Curve, prior_weight: float, memory: float) -> None:
+        self.prior = list(prior.values)
         self.values = list(prior.values)
         self.weights = [prior_weight] * len(KNOTS)
         self.seen = [0.0] * len(KNOTS)
@@ -97,16 +98,18 @@ class CurveLearner:
     def scale(self, factor: float) -> None:
         if factor > 0 and math.isfinite(factor):
             self.values = [v * factor for v in self.values]
+            self.prior = [v * factor for v in self.prior]
 
     def curve(self) -> Curve:
         """The published curve: the isotonic fit of the knots with data; between them, straight
-        lines; below them, the prior (no higher than the data); above them, the lower of the
-        prior (scaled to meet the data) and the learned slope carried on."""
+        lines; below them, the prior (no higher than the data); above them, the prior scaled
+        to meet the highest."""
         prior = isotonic(self.values, self.weights)
         data = [i for i, s in enumerate(self.seen) if s >= 0.5]
         if not data:
             return Curve(tuple(prior), tuple(self.seen))
         fitted = list(prior)
+        shape = isotonic(self.prior, [1.0] * len(KNOTS))
         dv = isotonic([self.values[i] for i in data], [self.weights[i] for i in data])
         for i, v in zip(data, dv, strict=True):
             fitted[i] = v
@@ -117,15 +120,13 @@ class CurveLearner:
                                     strict=False):  # fmt: skip
             for i in range(a + 1, b):
                 fitted[i] = va + (vb - va) * (KNOTS[i] - KNOTS[a]) / (KNOTS[b] - KNOTS[a])
+        # Past the data: the prior's shape, scaled to meet the highest learned knot. (Carrying
+        # the learned slope on looked cheaper to explore with, but a flat start of the curve
+        # then promised a flat curve: a burst of arrivals all went where nothing was known.)
         top = dv[-1]
-        slope = 0.0
-        if len(data) >= 2:
-            slope = max(0.0, (top - dv[-2]) / (KNOTS[last] - KNOTS[data[-2]]))
-        ratio = top / prior[last] if prior[last] > 0 else 1.0
+        ratio = top / shape[last] if shape[last] > 0 else 1.0
         for i in range(last + 1, len(KNOTS)):
-            line = top + slope * (KNOTS[i] - KNOTS[last])
-            shaped = prior[i] * ratio
-            fitted[i] = max(top, min(shaped, line) if len(data) >= 2 else shaped)
+            fitted[i] = max(top, shape[i] * ratio)
         return Curve(tuple(fitted), tuple(self.seen))
 
 

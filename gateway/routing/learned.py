@@ -2,18 +2,25 @@
 latency curves (gateway.latency_model), with no hand-set golden range.
 
 Per candidate backend at concurrency n, the prediction for n + 1 streams:
-- it *meets* the request's SLO when predicted TPOT and TTFT are within it;
-- it *harms* the streams already there when n + 1 pushes some of them past their own TPOT SLO
-  (one more stream slows every stream of a batch, most of all on a speculative one);
+- it *meets* the request's SLO when predicted TPOT and TTFT are within it, less `slo_margin`
+  for the model's error (the SLO is a cliff, the curve a mean);
+- it *hurts* the streams already there that n + 1 would push past their own TPOT SLO (one more
+  stream slows every stream of a batch, a speculative one most);
+- its *gain* is the change in the backend's SLO-meeting output (tokens per second of the
+  streams that meet their SLO, the request included): negative past the backend's knee, where
+  one more stream slows the others by more than it adds;
 - it is *full* when its predicted TTFT is beyond `full_ttft_factor` times the request's TTFT
   SLO, or (as for every policy) a fresh scrape shows a long queue: admission then holds the
   request, and answers 429 if nothing frees.
 
-Order: backends that meet the SLO without harm, fastest predicted TPOT first (which finds the
-tiers' crossover by itself, wherever the hardware and the acceptance put it); then those with
-room, by least harm and then most headroom; full ones last. With probability `explore_rate` a
-backend whose model has had no observation for `explore_after_s` goes first, so a tier that
-lost all its traffic (EAGLE accepting little) is noticed when it recovers.
+Order: first the backends that meet the SLO and hurt no one, those still before their knee
+first, then the fastest (TPOTs within 5% count as equal: the model's noise) and the least
+loaded; then the other backends with room, by most gain; full ones last, by least excess. So
+the latency tier fills to its knee while the throughput tier can meet the SLO too, and past it
+only for requests nothing else can serve in time: wherever the hardware and the acceptance put
+the crossover. With probability `explore_rate` a backend whose model has had no observation
+for `explore_after_s` goes first, so a tier that lost its traffic (EAGLE accepting little) is
+noticed when it recovers.
 
 A pure function of (request, snapshot with its predictions, state, rng).
 """
@@ -40,39 +47,45 @@ from gateway.routing.types import (
     Slo,
 )
 
-__all__ = ["Learned", "Outlook", "harm", "outlook"]
+__all__ = ["Learned", "Outlook", "met_rate", "outlook"]
+
+# Predicted TPOTs closer than this ratio rank alike (then by load): below the model's noise.
+_ALIKE = math.log(1.05)
 
 
-def harm(slos: Sequence[tuple[float, int]], before: float, after: float) -> int:
-    """Streams whose TPOT SLO holds at `before` but not at `after`."""
-    n = 0
+def met_rate(slos: Sequence[tuple[float, int]], others: int, others_slo: float, tpot: float
+             ) -> float:  # fmt: skip
+    """Output tokens per second of the streams of a backend running at `tpot` per token that
+    meet their TPOT SLO: `slos` (SLO, count) where the SLO is known, `others` more streams
+    whose SLO is taken to be `others_slo`."""
+    if tpot <= 0 or not math.isfinite(tpot):
+        return 0.0
+    n = others if tpot <= others_slo else 0
     for slo, count in slos:
-        if before <= slo < after:
+        if tpot <= slo:
             n += count
-    return n
+    return n / tpot
 
 
 @dataclass(frozen=True, slots=True)
 class Outlook:
-    """What one more request would see on a backend, and do to it."""
+    """What one more request would see on a backend, and what it would do there."""
 
     tpot: float  # predicted, with the request
     ttft: float
-    meets: bool
-    harm: int
+    meets: bool  # the request would meet its SLO there
+    hurt: int  # streams there it would push past their SLO
+    gain: float  # SLO-meeting tokens per second the backend would gain (negative: lose)
     full: bool
+    load: int
 
-    def key(self, slo: Slo) -> tuple[int, int, float]:
-        """Sort key: group (0 meets without harm, 1 room, 2 full), harm, then speed or headroom
-        (relative, so TTFT and TPOT weigh alike)."""
+    def key(self, slo: Slo) -> tuple[int, int, float, float]:
         if self.full:
-            return 2, 0, self.excess(slo)
-        if self.meets and not self.harm:
-            return 0, 0, self.tpot
-        return 1, self.harm, self.excess(slo)
-
-    def excess(self, slo: Slo) -> float:
-        return max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s)
+            return 2, 0, max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s), 0.0
+        if self.meets and not self.hurt:
+            speed = math.floor(math.log(self.tpot) / _ALIKE)
+            return 0, self.gain < 0, speed, self.load
+        return 1, 0, -self.gain, 0.0
 
 
 def outlook(
@@ -80,18 +93,32 @@ def outlook(
 ) -> Outlook:
     n = load.effective
     if pred is None:  # not modelled (yet): usable, ranked after every modelled backend with room
-        return Outlook(math.inf, math.inf, False, 0, False)
-    tpot, ttft = pred.tpot.at(n + 1), pred.ttft.at(n + 1)
-    meets = tpot <= slo.tpot_s and ttft <= slo.ttft_s
-    hurt = harm(load.slos, pred.tpot.at(n), tpot) if load.slos else 0
+        return Outlook(math.inf, math.inf, False, 0, -math.inf, False, n)
+    now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
+    room = 1.0 - params.slo_margin
+    tpot_slo = slo.tpot_s * room
+    meets = tpot <= tpot_slo and ttft <= slo.ttft_s * room
+    # Streams there whose SLO this gateway does not know (another replica's) are taken to
+    # share the request's.
+    hurt = known = 0
+    for s, count in load.slos:
+        known += count
+        if now <= s * room < tpot:
+            hurt += count
+    others = max(0, n - known)
+    if others and now <= tpot_slo < tpot:
+        hurt += others
+    before = met_rate(load.slos, others, tpot_slo, now)
+    after = met_rate(load.slos, others, tpot_slo, tpot) + (1.0 / tpot if meets else 0.0)
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
         b.role is Role.THROUGHPUT and not load.stale and load.waiting > params.max_waiting
     )
-    return Outlook(tpot, ttft, meets, hurt, full)
+    return Outlook(tpot, ttft, meets, hurt, after - before, full, n)
 
 
 @dataclass(frozen=True, slots=True)
 class _Limits:
+    slo_margin: float
     full_ttft_factor: float
     max_waiting: int
     explore_rate: float
@@ -105,7 +132,7 @@ class Learned:
 
     @classmethod
     def build(cls, name: str, params: PolicyParams) -> Learned:
-        return cls(name, _Limits(params.full_ttft_factor, params.max_waiting,
+        return cls(name, _Limits(params.slo_margin, params.full_ttft_factor, params.max_waiting,
                                  params.explore_rate, params.explore_after_s))  # fmt: skip
 
     def __call__(
@@ -127,7 +154,7 @@ class Learned:
             reason: str = Reason.SATURATED
         elif req.pinned is not None:
             reason = Reason.PINNED
-        elif first.meets and not first.harm:
+        elif first.meets and not first.hurt:
             reason = Reason.PREDICTED_SLO_MET
         else:
             reason = Reason.HEADROOM

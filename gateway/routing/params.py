@@ -79,6 +79,13 @@ class PolicyParams(BaseModel):
         " first by power of two choices; smaller ones go strictly by load.",
     )
 
+    slo_margin: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description="learned: a backend is predicted to meet an SLO only with this share of it"
+        " to spare, for the latency model's error (the SLO is a cliff, the curve a mean).",
+    )
     explore_rate: float = Field(
         default=0.02,
         ge=0,

@@ -82,16 +82,19 @@ def test_noise_cannot_make_more_load_look_faster() -> None:
     assert curve.at(8) == pytest.approx(0.0105, rel=0.05)
 
 
-def test_past_its_data_the_curve_extends_the_learned_slope_not_the_prior() -> None:
-    steep_prior = Curve.of(lambda n: 0.005 + 0.002 * n)  # pessimistic past the data
-    learner = CurveLearner(steep_prior, prior_weight=1.0, memory=16)
+def test_past_its_data_the_curve_follows_the_prior_scaled_to_the_data() -> None:
+    prior = Curve.of(lambda n: 0.005 + 0.002 * n)
+    learner = CurveLearner(prior, prior_weight=1.0, memory=16)
     for _ in range(100):
-        learner.observe(8, 0.010)
-        learner.observe(16, 0.011)
+        learner.observe(8, 0.0105)  # half what the prior says at 8 and 16
+        learner.observe(16, 0.0185)
     curve = learner.curve()
-    # slope 0.000125/stream from the data: at 32, 0.011 + 16 * 0.000125 = 0.013
-    assert curve.at(32) == pytest.approx(0.013, rel=0.02)
-    assert curve.at(32) < steep_prior.at(32) / 3
+    assert curve.at(16) == pytest.approx(0.0185, rel=0.02)
+    # past 16, the prior's shape halved: at 32, 0.069 / 2; not the flat continuation of the
+    # data, which would promise a flat curve where nothing is known
+    assert curve.at(32) == pytest.approx(0.069 / 2, rel=0.03)
+    # below the data, no higher than the data
+    assert curve.at(1) <= curve.at(8)
 
 
 def test_acceptance_rate_follows_the_counters_with_a_half_life() -> None:
