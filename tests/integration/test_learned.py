@@ -116,18 +116,23 @@ def test_bad_slo_headers_get_a_clear_400(stack: Stack, header: str, value: str) 
 
 def test_an_acceptance_drop_is_seen_and_the_curve_moves(stack: Stack) -> None:
     gw, lat = stack.gateway.url, stack.latency[0].url
+    pin = {"x-tiergate-tier": "latency"}
+    for _ in range(3):
+        _wave(gw, 8, pin)
     before = _models(gw)[lat]
+    assert before["tokens_per_step"] > 2.5
+    assert before["curve"][0]["evidence"] > 0 or before["curve"][1]["evidence"] > 0
     r = httpx.post(lat + "/sim/speculative", json={"acceptance": V4_LOW})
     assert r.status_code == 200
 
     def dropped() -> bool:
-        _wave(gw, 8)
+        _wave(gw, 8, pin)
         return bool(_models(gw)[lat]["tokens_per_step"] < 2.0)
 
     assert wait_until(dropped, timeout=30, every=0.2)
     after = _models(gw)[lat]
     # v4-low's vector: 1.67 tokens per step; the TPOT curve scales up with 3.26 / 1.67.
     assert after["tokens_per_step"] == pytest.approx(1.67, rel=0.2)
-    assert after["curve"][0]["tpot_ms"] > 1.3 * before["curve"][0]["tpot_ms"]
+    assert after["curve"][1]["tpot_ms"] > 1.3 * before["curve"][1]["tpot_ms"]  # at 8 streams
     httpx.post(lat + "/sim/speculative", json={"scale": 1.0})
     time.sleep(0.1)
