@@ -13,14 +13,14 @@ Per candidate backend at concurrency n, the prediction for n + 1 streams:
   SLO, or (as for every policy) a fresh scrape shows a long queue: admission then holds the
   request, and answers 429 if nothing frees.
 
-Order: first the backends that meet the SLO and hurt no one, those still before their knee
-first, then the fastest (TPOTs within 5% count as equal: the model's noise) and the least
-loaded; then the other backends with room, by most gain; full ones last, by least excess. So
-the latency tier fills to its knee while the throughput tier can meet the SLO too, and past it
-only for requests nothing else can serve in time: wherever the hardware and the acceptance put
-the crossover. With probability `explore_rate` a backend whose model has had no observation
-for `explore_after_s` goes first, so a tier that lost its traffic (EAGLE accepting little) is
-noticed when it recovers.
+Order: first the backends that meet the SLO and hurt no one: those still before their knee
+first, then those without a queue, then the fastest (TPOTs within 5% of one another count as
+equal: the model's noise), then the least loaded; then the other backends with room, by most
+gain; full ones last, by least excess. So the latency tier fills to its knee while the
+throughput tier can meet the SLO too, and past it only for requests nothing else can serve in
+time: wherever the hardware and the acceptance put the crossover. With probability
+`explore_rate` a backend whose model has had no observation for `explore_after_s` goes first,
+so a tier that lost its traffic (EAGLE accepting little) is noticed when it recovers.
 
 A pure function of (request, snapshot with its predictions, state, rng).
 """
@@ -31,6 +31,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.routing.curves import Prediction
 from gateway.routing.filters import eligible, pinned
@@ -47,29 +48,17 @@ from gateway.routing.types import (
     Slo,
 )
 
-__all__ = ["Learned", "Outlook", "met_rate", "outlook"]
+__all__ = ["Learned", "Outlook", "outlook", "speed_bands"]
 
-# Predicted TPOTs closer than this ratio rank alike (then by load): below the model's noise.
-_ALIKE = math.log(1.05)
-
-
-def met_rate(slos: Sequence[tuple[float, int]], others: int, others_slo: float, tpot: float
-             ) -> float:  # fmt: skip
-    """Output tokens per second of the streams of a backend running at `tpot` per token that
-    meet their TPOT SLO: `slos` (SLO, count) where the SLO is known, `others` more streams
-    whose SLO is taken to be `others_slo`."""
-    if tpot <= 0 or not math.isfinite(tpot):
-        return 0.0
-    n = others if tpot <= others_slo else 0
-    for slo, count in slos:
-        if tpot <= slo:
-            n += count
-    return n / tpot
+# Predicted TPOTs within this ratio of the fastest rank alike (then by load): the model's noise.
+_ALIKE = 1.05
+_FLOOR = 1e-6
 
 
-@dataclass(frozen=True, slots=True)
-class Outlook:
-    """What one more request would see on a backend, and what it would do there."""
+class Outlook(NamedTuple):
+    """What one more request would see on a backend, and what it would do there. (A named
+    tuple: one is built per candidate per decision, and a frozen dataclass costs twice as much
+    to build.)"""
 
     tpot: float  # predicted, with the request
     ttft: float
@@ -78,14 +67,34 @@ class Outlook:
     gain: float  # SLO-meeting tokens per second the backend would gain (negative: lose)
     full: bool
     load: int
+    # A fresh scrape shows requests waiting: the engine cannot batch more right now, and the
+    # curve (learned by load, not by queue) would not see what a new request waits there.
+    queued: bool = False
 
-    def key(self, slo: Slo) -> tuple[int, int, float, float]:
+    @property
+    def clean(self) -> bool:
+        """Meets the request's SLO and pushes no one past theirs."""
+        return self.meets and not self.hurt
+
+    def key(self, slo: Slo, speed: int) -> tuple[int, bool, bool, float, float]:
+        """Sort key; `speed`: the rank of this backend's band of alike TPOTs (clean ones)."""
         if self.full:
-            return 2, 0, max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s), 0.0
-        if self.meets and not self.hurt:
-            speed = math.floor(math.log(self.tpot) / _ALIKE)
-            return 0, self.gain < 0, speed, self.load
-        return 1, 0, -self.gain, 0.0
+            return 2, False, False, max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s), 0.0
+        if self.clean:
+            return 0, self.gain < 0, self.queued, speed, self.load
+        return 1, False, False, -self.gain, 0.0
+
+
+def speed_bands(tpots: Sequence[float]) -> list[int]:
+    """Each TPOT's band: sorted, a new band starts past 5% above the first of the last band,
+    so backends the model can barely tell apart go by load, not by noise."""
+    bands = [0] * len(tpots)
+    band, start = -1, 0.0
+    for i in sorted(range(len(tpots)), key=tpots.__getitem__):
+        if band < 0 or tpots[i] > start * _ALIKE:
+            band, start = band + 1, tpots[i]
+        bands[i] = band
+    return bands
 
 
 def outlook(
@@ -94,26 +103,40 @@ def outlook(
     n = load.effective
     if pred is None:  # not modelled (yet): usable, ranked after every modelled backend with room
         return Outlook(math.inf, math.inf, False, 0, -math.inf, False, n)
-    now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
+    curve = pred.tpot
+    # A microsecond at least: an engine that streams a whole answer at once has a TPOT of 0.
+    now, tpot = max(curve.at(n), _FLOOR), max(curve.at(n + 1), _FLOOR)
+    ttft = pred.ttft.at(n + 1)
     room = 1.0 - params.slo_margin
     tpot_slo = slo.tpot_s * room
     meets = tpot <= tpot_slo and ttft <= slo.ttft_s * room
     # Streams there whose SLO this gateway does not know (another replica's) are taken to
-    # share the request's.
-    hurt = known = 0
+    # share the request's. One pass: the streams it would push past their SLO, and those
+    # meeting theirs before and after.
+    hurt = known = met_now = met_then = 0
     for s, count in load.slos:
         known += count
+        if now <= s:
+            met_now += count
+        if tpot <= s:
+            met_then += count
         if now <= s * room < tpot:
             hurt += count
-    others = max(0, n - known)
-    if others and now <= tpot_slo < tpot:
-        hurt += others
-    before = met_rate(load.slos, others, tpot_slo, now)
-    after = met_rate(load.slos, others, tpot_slo, tpot) + (1.0 / tpot if meets else 0.0)
+    others = n - known
+    if others > 0:
+        if now <= tpot_slo:
+            met_now += others
+            if tpot > tpot_slo:
+                hurt += others
+        if tpot <= tpot_slo:
+            met_then += others
+    if meets:
+        met_then += 1
+    gain = met_then / tpot - met_now / now
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
         b.role is Role.THROUGHPUT and not load.stale and load.waiting > params.max_waiting
     )
-    return Outlook(tpot, ttft, meets, hurt, after - before, full, n)
+    return Outlook(tpot, ttft, meets, hurt, gain, full, n, not load.stale and load.waiting > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,11 +165,12 @@ class Learned:
         if not pool:
             return Decision((), Reason.NO_BACKEND, self.name, state)
         slo, curves, load, limits = req.slo, snap.curves, snap.load, self.limits
-        scored = []
-        for b in pool:
-            pred = curves.get(b.url)
-            o = outlook(b, load(b.url), pred, slo, limits)
-            scored.append((o.key(slo), rng.random(), b, o, pred))
+        outlooks = [(b, outlook(b, load(b.url), curves.get(b.url), slo, limits)) for b in pool]
+        bands = speed_bands([o.tpot for _, o in outlooks])
+        scored = [
+            (o.key(slo, band), rng.random(), b, o)
+            for (b, o), band in zip(outlooks, bands, strict=True)
+        ]
         scored.sort(key=lambda s: (s[0], s[1]))
         ordered = [s[2] for s in scored]
         first = scored[0][3]
@@ -154,15 +178,16 @@ class Learned:
             reason: str = Reason.SATURATED
         elif req.pinned is not None:
             reason = Reason.PINNED
-        elif first.meets and not first.hurt:
+        elif first.clean:
             reason = Reason.PREDICTED_SLO_MET
         else:
             reason = Reason.HEADROOM
         # One draw per decision whatever happens, so a seed replays the whole sequence.
         if rng.random() < limits.explore_rate and reason != Reason.SATURATED:
-            for _key, _draw, b, o, pred in scored:
+            for _key, _draw, b, o in scored:
                 if o.full or b is ordered[0]:
                     continue
+                pred = curves.get(b.url)
                 seen = None if pred is None else pred.observed_at
                 if seen is None or snap.taken_at - seen > limits.explore_after_s:
                     ordered.remove(b)

@@ -24,7 +24,7 @@ PolicyName = Literal[
     "learned", "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
 ]
 POLICY_NAMES: Final[tuple[str, ...]] = get_args(PolicyName)
-DEFAULT_POLICY: Final[PolicyName] = "golden-range"
+DEFAULT_POLICY: Final[PolicyName] = "learned"
 
 
 def is_policy_name(name: str) -> TypeGuard[PolicyName]:

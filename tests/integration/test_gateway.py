@@ -23,7 +23,8 @@ BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens":
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = start_stack(tmp_path_factory.mktemp("stack"), speedup=10,
+    # golden-range: these tests check its fixed limits (the learned policy: test_learned.py).
+    s = start_stack(tmp_path_factory.mktemp("stack"), speedup=10, policy={"name": "golden-range"},
                     retry={"retry_statuses": [429, 500, 502, 503, 504]})  # fmt: skip
     yield s
     s.stop()
@@ -331,8 +332,8 @@ def test_a_hung_backend_is_bypassed_within_seconds(tmp_path: Path) -> None:
 def test_saturation_queues_then_answers_429(tmp_path: Path) -> None:
     s = start_stack(
         tmp_path, latency=1, throughput=1, speedup=1, throughput_args=("--max-num-seqs", "2"),
-        policy={"latency_max_concurrency": 1, "latency_hard_cap": 1, "hysteresis": 0,
-                "max_waiting": 0, "queue_deadline_s": 0.3},
+        policy={"name": "golden-range", "latency_max_concurrency": 1, "latency_hard_cap": 1,
+                "hysteresis": 0, "max_waiting": 0, "queue_deadline_s": 0.3},
     )  # fmt: skip
     try:
         gw, engine = s.gateway.url, s.throughput[0].url

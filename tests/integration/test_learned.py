@@ -136,3 +136,30 @@ def test_an_acceptance_drop_is_seen_and_the_curve_moves(stack: Stack) -> None:
     assert after["curve"][1]["tpot_ms"] > 1.3 * before["curve"][1]["tpot_ms"]  # at 8 streams
     httpx.post(lat + "/sim/speculative", json={"scale": 1.0})
     time.sleep(0.1)
+
+
+def test_admission_works_on_predictions(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A backend predicted to answer the first token later than twice the request's TTFT SLO
+    is full: the request waits for the queue deadline, then gets 429."""
+    s = start_stack(tmp_path_factory.mktemp("admission"), latency=1, throughput=1, speedup=10,
+                    policy={"name": "learned", "queue_deadline_s": 0.3})  # fmt: skip
+    try:
+        gw = s.gateway.url
+        _wave(gw, 8)  # TTFT at 10x: tens of ms, learned at both backends' loads
+        _wave(gw, 8, {"x-tiergate-tier": "throughput"})
+        t0 = time.perf_counter()
+        r = httpx.post(gw + "/v1/completions", json=BODY, headers={"x-tiergate-slo-ttft-ms": "2"})
+        waited = time.perf_counter() - t0
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "RateLimitError"
+        assert waited >= 0.3
+        # the same request with an SLO the backends can meet goes through
+        ok = httpx.post(
+            gw + "/v1/completions", json=BODY, headers={"x-tiergate-slo-ttft-ms": "900"}
+        )
+        assert ok.status_code == 200
+        fams = families(gw)
+        assert total(fams, "tiergate_rejected", "tiergate_rejected_total", reason="saturated") >= 1
+    finally:
+        s.stop()

@@ -28,6 +28,7 @@ from gateway.routing import (
     build_policy,
 )
 from gateway.routing.golden import GoldenRange
+from gateway.routing.learned import Learned
 from tests.unit.routingfixtures import (
     CLOSED,
     L0,
@@ -471,9 +472,9 @@ def test_catalog() -> None:
     six = {"learned", "golden-range", "least-loaded", "round-robin", "latency-only",
            "throughput-only"}  # fmt: skip
     assert set(POLICIES) == set(POLICY_NAMES) == six
-    assert DEFAULT_POLICY == "golden-range"
+    assert DEFAULT_POLICY == "learned"
     policy = build_policy(DEFAULT_POLICY, P)
-    assert isinstance(policy, GoldenRange)
+    assert isinstance(policy, Learned)
     assert policy.name == DEFAULT_POLICY
     with pytest.raises(ParamError, match="golden-range") as info:
         build_policy("random", P)

@@ -18,8 +18,8 @@ from gateway.routing import (
     Slo,
     build_policy,
 )
-from gateway.routing.curves import Curve, Prediction
-from gateway.routing.learned import met_rate
+from gateway.routing.curves import KNOTS, Curve, Prediction
+from gateway.routing.learned import Learned, outlook, speed_bands
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
 
 INTERACTIVE = Slo(ttft_s=1.0, tpot_s=0.012)
@@ -48,6 +48,7 @@ def snapshot(l0: BackendLoad, t0: BackendLoad, t1: BackendLoad, tps: float = 3.2
 
 QUIET = PolicyParams(explore_rate=0)
 LEARNED = build_policy("learned", QUIET)
+assert isinstance(LEARNED, Learned)
 
 
 def decide(s: LoadSnapshot, slo: Slo = STANDARD, pinned: Role | None = None,
@@ -56,20 +57,38 @@ def decide(s: LoadSnapshot, slo: Slo = STANDARD, pinned: Role | None = None,
     return urls(d), d.reason
 
 
+def _steps(before: float, after: float) -> Prediction:
+    """TPOT `before` at 12 streams, `after` at 13 (the knots are 12 and 16)."""
+    curve = Curve(tuple(before if k <= 12 else before + 4 * (after - before) for k in KNOTS))
+    return Prediction(tpot=curve, ttft=Curve.of(lambda n: 0.1))
+
+
 @pytest.mark.parametrize(
-    ("slos", "others", "tpot", "rate"),
+    ("slos", "tpots", "meets", "hurt", "gain"),
     [
-        ((), 0, 0.010, 0.0),
-        ((), 4, 0.010, 400.0),  # four streams of unknown SLO (taken as 0.012) at 100 tok/s each
-        ((), 4, 0.013, 0.0),  # ... all past it
-        (((0.012, 5),), 0, 0.010, 500.0),
-        (((0.012, 5), (0.025, 3)), 0, 0.020, 150.0),  # only the 3 standard streams meet 20 ms
-        (((0.012, 5), (0.025, 3)), 2, 0.011, 10 / 0.011),
+        # 12 interactive streams at 10 ms; the 13th keeps them all within 12 ms: +1 stream
+        (((0.012, 12),), (0.010, 0.010), True, 0, 1 / 0.010),
+        # ... the 13th takes them to 13 ms: all 12 pushed past their SLO, and it misses too
+        (((0.012, 12),), (0.010, 0.013), False, 12, -12 / 0.010),
+        # standard streams (25 ms) are not hurt by 13 ms; the interactive request misses
+        (((0.025, 12),), (0.010, 0.013), False, 0, 12 / 0.013 - 12 / 0.010),
+        # mixed: the 4 interactive ones are pushed past 12 ms less the 2% margin (hurt), though
+        # still predicted within 12 ms itself (their output still counts)
+        (((0.012, 4), (0.025, 8)), (0.011, 0.0119), False, 4, 12 / 0.0119 - 12 / 0.011),
+        # streams of unknown SLO (another replica's) are taken to have the request's
+        ((), (0.010, 0.013), False, 12, -12 / 0.010),
     ],
 )
-def test_met_rate(slos: tuple[tuple[float, int], ...], others: int, tpot: float,
-                  rate: float) -> None:  # fmt: skip
-    assert met_rate(slos, others, 0.012, tpot) == pytest.approx(rate)
+def test_what_one_more_request_would_do_to_a_backend(
+    slos: tuple[tuple[float, int], ...], tpots: tuple[float, float], meets: bool, hurt: int,
+    gain: float,
+) -> None:  # fmt: skip
+    o = outlook(L0, BackendLoad(running=12, slos=slos), _steps(*tpots), INTERACTIVE,
+                LEARNED.limits)  # fmt: skip
+    assert o.meets is meets
+    assert o.hurt == hurt
+    assert o.gain == pytest.approx(gain)
+    assert not o.full
 
 
 @pytest.mark.parametrize(
@@ -189,3 +208,36 @@ def test_the_decision_is_a_pure_function_of_its_inputs() -> None:
     # identical throughput backends are tie-broken at random, not by configuration order
     firsts = {d.candidates[1].url for d in runs[0] if d.reason == Reason.PREDICTED_SLO_MET}
     assert firsts == {T0.url, T1.url}
+
+
+def test_an_engine_with_no_time_per_token_is_ranked_not_a_crash() -> None:
+    # Streams that arrive whole (or an instant engine) teach a TPOT of 0.
+    instant = Prediction(tpot=Curve.of(lambda n: 0.0), ttft=Curve.of(lambda n: 0.001))
+    s = LoadSnapshot((T0, T1), {T0.url: load(3), T1.url: load(1)}, NOW,
+                     {T0.url: instant, T1.url: instant})  # fmt: skip
+    order, why = decide(s)
+    assert order == [T1.url, T0.url]
+    assert why == Reason.PREDICTED_SLO_MET
+
+
+@pytest.mark.parametrize(
+    ("tpots", "bands"),
+    [
+        ([], []),
+        ([0.014], [0]),
+        ([0.014, 0.0145, 0.006], [1, 1, 0]),  # two AWQ engines alike, EAGLE faster
+        ([0.0140, 0.0146, 0.0152], [0, 0, 1]),  # 5% from the band's first, not chained on
+        ([0.020, 0.010, 0.0104, 0.0109], [2, 0, 0, 1]),
+    ],
+)
+def test_speed_bands(tpots: list[float], bands: list[int]) -> None:
+    assert speed_bands(tpots) == bands
+
+
+def test_alike_backends_go_by_load_even_across_a_band_edge_of_their_own() -> None:
+    # Two AWQ engines the model sees 3% apart: the less loaded goes first, not the "faster".
+    slow = Prediction(tpot=Curve.of(lambda n: 0.0144), ttft=Curve.of(lambda n: 0.1))
+    fast = Prediction(tpot=Curve.of(lambda n: 0.0140), ttft=Curve.of(lambda n: 0.1))
+    s = LoadSnapshot((T0, T1), {T0.url: load(5), T1.url: load(1)}, NOW,
+                     {T0.url: fast, T1.url: slow})  # fmt: skip
+    assert decide(s)[0] == [T1.url, T0.url]

@@ -36,7 +36,7 @@ def test_names_defined_once() -> None:
         "latency-only",
         "throughput-only",
     )
-    assert DEFAULT_POLICY == "golden-range"
+    assert DEFAULT_POLICY == "learned"
     assert DEFAULT_POLICY in POLICY_NAMES
 
 

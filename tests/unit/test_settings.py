@@ -83,7 +83,7 @@ def doc_with(**changes: Any) -> dict[str, Any]:
         (Settings, "log_json", False),
         (Settings, "request_timeout_s", 600),
         (Settings, "connect_timeout_s", 2.0),
-        (PolicyConfig, "name", "golden-range"),
+        (PolicyConfig, "name", "learned"),
         (PolicyConfig, "latency_max_concurrency", 16),
         (PolicyConfig, "hysteresis", 2),
         (PolicyConfig, "latency_hard_cap", 24),
