@@ -90,9 +90,9 @@ def speed_bands(tpots: Sequence[float]) -> list[int]:
     so backends the model can barely tell apart go by load, not by noise."""
     bands = [0] * len(tpots)
     band, start = -1, 0.0
-    for i in sorted(range(len(tpots)), key=tpots.__getitem__):
-        if band < 0 or tpots[i] > start * _ALIKE:
-            band, start = band + 1, tpots[i]
+    for t, i in sorted(zip(tpots, range(len(tpots)), strict=True)):
+        if band < 0 or t > start * _ALIKE:
+            band, start = band + 1, t
         bands[i] = band
     return bands
 
@@ -103,10 +103,13 @@ def outlook(
     n = load.effective
     if pred is None:  # not modelled (yet): usable, ranked after every modelled backend with room
         return Outlook(math.inf, math.inf, False, 0, -math.inf, False, n)
-    curve = pred.tpot
+    tpots, ttfts = pred.tpot.table, pred.ttft.table
+    if n + 1 < len(tpots):  # the common case, read from the tables directly
+        now, tpot, ttft = tpots[n], tpots[n + 1], ttfts[n + 1]
+    else:
+        now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
     # A microsecond at least: an engine that streams a whole answer at once has a TPOT of 0.
-    now, tpot = max(curve.at(n), _FLOOR), max(curve.at(n + 1), _FLOOR)
-    ttft = pred.ttft.at(n + 1)
+    now, tpot = max(now, _FLOOR), max(tpot, _FLOOR)
     room = 1.0 - params.slo_margin
     tpot_slo = slo.tpot_s * room
     meets = tpot <= tpot_slo and ttft <= slo.ttft_s * room
@@ -165,15 +168,13 @@ class Learned:
         if not pool:
             return Decision((), Reason.NO_BACKEND, self.name, state)
         slo, curves, load, limits = req.slo, snap.curves, snap.load, self.limits
-        outlooks = [(b, outlook(b, load(b.url), curves.get(b.url), slo, limits)) for b in pool]
-        bands = speed_bands([o.tpot for _, o in outlooks])
-        scored = [
-            (o.key(slo, band), rng.random(), b, o)
-            for (b, o), band in zip(outlooks, bands, strict=True)
-        ]
-        scored.sort(key=lambda s: (s[0], s[1]))
-        ordered = [s[2] for s in scored]
-        first = scored[0][3]
+        outlooks = [outlook(b, load(b.url), curves.get(b.url), slo, limits) for b in pool]
+        bands = speed_bands([o.tpot for o in outlooks])
+        # (key, random tie-break, position): plain tuples sort fastest
+        keys = [(o.key(slo, bands[i]), rng.random(), i) for i, o in enumerate(outlooks)]
+        keys.sort()
+        ordered = [pool[k[2]] for k in keys]
+        first = outlooks[keys[0][2]]
         if first.full:
             reason: str = Reason.SATURATED
         elif req.pinned is not None:
@@ -184,8 +185,9 @@ class Learned:
             reason = Reason.HEADROOM
         # One draw per decision whatever happens, so a seed replays the whole sequence.
         if rng.random() < limits.explore_rate and reason != Reason.SATURATED:
-            for _key, _draw, b, o in scored:
-                if o.full or b is ordered[0]:
+            for k in keys[1:]:
+                b, o = pool[k[2]], outlooks[k[2]]
+                if o.full:
                     continue
                 pred = curves.get(b.url)
                 seen = None if pred is None else pred.observed_at
