@@ -131,6 +131,6 @@ class Learner:
     def _gauges(self, entry: BackendEntry, pred: Prediction) -> None:
         t, b = self.telemetry, entry.backend
         for n in SHOWN_CONCURRENCIES:
-            t.predicted_tpot.labels(b.role.value, b.url, str(n)).set(pred.tpot.at(n))
+            t.child(t.predicted_tpot, b.role.value, b.url, str(n)).set(pred.tpot.at(n))
         if b.role is Role.LATENCY:
-            t.latency_limit.labels(b.url).set(slo_limit(pred, self.slo.tpot_s))
+            t.child(t.latency_limit, b.url).set(slo_limit(pred, self.slo.tpot_s))

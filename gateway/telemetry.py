@@ -6,6 +6,7 @@ cached, so recording a request costs dictionary lookups, not label resolution.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -94,6 +95,7 @@ TPOT_BUCKETS = (
 SLO_CLASSES_MS = (5, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000)
 
 
+@functools.lru_cache(maxsize=256)
 def slo_class(tpot_s: float) -> str:
     ms = tpot_s * 1000
     for c in SLO_CLASSES_MS:

@@ -50,7 +50,7 @@ from gateway.routing.types import (
 
 __all__ = ["Learned", "Outlook", "outlook", "speed_bands"]
 
-# Predicted TPOTs within this ratio of the fastest rank alike (then by load): the model's noise.
+# Predicted TPOTs within this ratio of their band's fastest rank alike (then by load): the noise.
 _ALIKE = 1.05
 _FLOOR = 1e-6
 
