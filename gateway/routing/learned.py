@@ -14,9 +14,9 @@ Per candidate backend at concurrency n, the prediction for n + 1 streams:
   request, and answers 429 if nothing frees.
 
 Order: first the backends that meet the SLO and hurt no one: those still before their knee
-first, then those without a queue, then the fastest (TPOTs within 5% of one another count as
-equal: the model's noise), then the least loaded; then the other backends with room, by most
-gain; full ones last, by least excess. So the latency tier fills to its knee while the
+first, then the fastest (TPOTs within 5% of one another count as equal: the model's noise),
+then the least loaded; then the other backends with room, by most gain; full ones last, by
+least excess. So the latency tier fills to its knee while the
 throughput tier can meet the SLO too, and past it only for requests nothing else can serve in
 time: wherever the hardware and the acceptance put the crossover. With probability
 `explore_rate` a backend whose model has had no observation for `explore_after_s` goes first,
@@ -67,22 +67,19 @@ class Outlook(NamedTuple):
     gain: float  # SLO-meeting tokens per second the backend would gain (negative: lose)
     full: bool
     load: int
-    # A fresh scrape shows requests waiting: the engine cannot batch more right now, and the
-    # curve (learned by load, not by queue) would not see what a new request waits there.
-    queued: bool = False
 
     @property
     def clean(self) -> bool:
         """Meets the request's SLO and pushes no one past theirs."""
         return self.meets and not self.hurt
 
-    def key(self, slo: Slo, speed: int) -> tuple[int, bool, bool, float, float]:
+    def key(self, slo: Slo, speed: int) -> tuple[int, bool, float, float]:
         """Sort key; `speed`: the rank of this backend's band of alike TPOTs (clean ones)."""
         if self.full:
-            return 2, False, False, max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s), 0.0
+            return 2, False, max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s), 0.0
         if self.clean:
-            return 0, self.gain < 0, self.queued, speed, self.load
-        return 1, False, False, -self.gain, 0.0
+            return 0, self.gain < 0, speed, self.load
+        return 1, False, -self.gain, 0.0
 
 
 def speed_bands(tpots: Sequence[float]) -> list[int]:
@@ -139,7 +136,7 @@ def outlook(
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
         b.role is Role.THROUGHPUT and not load.stale and load.waiting > params.max_waiting
     )
-    return Outlook(tpot, ttft, meets, hurt, gain, full, n, not load.stale and load.waiting > 0)
+    return Outlook(tpot, ttft, meets, hurt, gain, full, n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ def gateway(workdir: Path, name: str, pool: list[SimProcess]) -> GatewayProcess:
         "tiers": [{"name": "pool", "role": "throughput", "backends": [backend(s) for s in pool]}],
         "log_level": "info",
         "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5},
+        # Routing by load alone: these tests watch the load the gateway reads from Triton.
+        "policy": {"name": "golden-range"},
     }
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
