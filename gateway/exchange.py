@@ -77,6 +77,20 @@ class Exchange:
         await self.start_response(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self.send({"type": "http.response.body", "body": body})
 
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from arrival to the first text of a stream (None: no text streamed)."""
+        return None if self.first_text_at is None else self.first_text_at - self.started
+
+    @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first (vllm bench serve's TPOT), counted by the
+        stream's usage, else by its text events; None for fewer than two."""
+        tokens = self.output_tokens or self.text_events
+        if tokens < 2 or self.first_text_at is None or self.last_text_at is None:
+            return None
+        return (self.last_text_at - self.first_text_at) / (tokens - 1)
+
     def route_request(self) -> RouteRequest:
         """The features routing may look at."""
         return RouteRequest(self.model, self.pinned, self.stream, self.exclude, self.slo)

@@ -57,10 +57,12 @@ class CurveLearner:
     """The knots of one curve: value, weight (prior plus data, capped at `memory`) and how many
     observations lie behind each."""
 
-    __slots__ = ("memory", "prior", "seen", "values", "weights")
+    __slots__ = ("memory", "seen", "shape", "values", "weights")
 
     def __init__(self, prior: Curve, prior_weight: float, memory: float) -> None:
-        self.prior = list(prior.values)
+        # The prior's monotone shape, kept apart from the learned values: the curve past the
+        # data follows it.
+        self.shape = isotonic(list(prior.values), [1.0] * len(KNOTS))
         self.values = list(prior.values)
         self.weights = [prior_weight] * len(KNOTS)
         self.seen = [0.0] * len(KNOTS)
@@ -98,7 +100,7 @@ class CurveLearner:
     def scale(self, factor: float) -> None:
         if factor > 0 and math.isfinite(factor):
             self.values = [v * factor for v in self.values]
-            self.prior = [v * factor for v in self.prior]
+            self.shape = [v * factor for v in self.shape]
 
     def curve(self) -> Curve:
         """The published curve: the isotonic fit of the knots with data; between them, straight
@@ -108,8 +110,7 @@ class CurveLearner:
         data = [i for i, s in enumerate(self.seen) if s >= 0.5]
         if not data:
             return Curve(tuple(prior), tuple(self.seen))
-        fitted = list(prior)
-        shape = isotonic(self.prior, [1.0] * len(KNOTS))
+        fitted, shape = list(prior), self.shape
         dv = isotonic([self.values[i] for i in data], [self.weights[i] for i in data])
         for i, v in zip(data, dv, strict=True):
             fitted[i] = v

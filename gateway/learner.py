@@ -84,20 +84,18 @@ class Learner:
     def finished(self, ex: Exchange) -> None:
         """A relayed stream, if it ran to its end: TTFT at the load it joined, TPOT at the
         mean load while it decoded."""
-        b = ex.backend
-        if b is None or ex.status != 200 or ex.first_text_at is None or ex.midstream_error:
+        b, ttft, tpot = ex.backend, ex.ttft, ex.tpot
+        if b is None or ex.status != 200 or ttft is None or ex.midstream_error:
             return
         entry = self.registry.entry(b.url)
         now = self.clock()
-        ttft = (ex.joined_at_load, ex.first_text_at - ex.started)
-        tpot = None
-        tokens = ex.output_tokens or ex.text_events
-        if tokens > 1 and ex.last_text_at is not None and ex.busy_mark is not None:
+        decoding = None
+        if tpot is not None and ex.busy_mark is not None:
             area, at = ex.busy_mark
             end_area, _ = entry.busy_mark(now)
             mean = (end_area - area) / (now - at) if now > at else float(entry.busy)
-            tpot = (max(1.0, mean), (ex.last_text_at - ex.first_text_at) / (tokens - 1))
-        self.models[b.url].observe_request(now, tpot, ttft)
+            decoding = (max(1.0, mean), tpot)
+        self.models[b.url].observe_request(now, decoding, (ex.joined_at_load, ttft))
         self._dirty.add(b.url)
 
     # -- out -----------------------------------------------------------------------------------

@@ -273,17 +273,16 @@ class Telemetry:
                 self.child(self.failovers, first.role.value, tier).inc()
             if ex.midstream_error:
                 self.child(self.midstream_errors, tier, b.url).inc()
-            if ex.first_text_at is not None:
+            ttft = ex.ttft
+            if ttft is not None:
                 # Streamed: the gateway's own TTFT and TPOT (vllm bench serve's definitions).
-                ttft = ex.first_text_at - ex.started
                 self.child(self.ttft, tier, model).observe(ttft)
-                tokens = ex.output_tokens or ex.text_events
-                self.child(self.output_tokens, tier, model).inc(tokens)
-                tpot = 0.0
-                if tokens > 1 and ex.last_text_at is not None:
-                    tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1)
+                self.child(self.output_tokens, tier, model).inc(ex.output_tokens or ex.text_events)
+                tpot = ex.tpot
+                if tpot is not None:
                     self.child(self.tpot, tier, model).observe(tpot)
-                met = ttft <= ex.slo.ttft_s and tpot <= ex.slo.tpot_s and not ex.midstream_error
+                met = (ttft <= ex.slo.ttft_s and (tpot or 0.0) <= ex.slo.tpot_s
+                       and not ex.midstream_error)  # fmt: skip
                 label = slo_class(ex.slo.tpot_s)
                 self.child(self.slo_met if met else self.slo_missed, tier, label).inc()
         if log.isEnabledFor(logging.INFO):

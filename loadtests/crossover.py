@@ -49,7 +49,7 @@ from rich.table import Table
 
 from gateway.routing import PolicyName, PolicyParams
 from loadtests.client import Result, closed_loop, prompt_of, stream_completion
-from loadtests.summarize import percentile
+from loadtests.summarize import json_safe, percentile
 
 ENGINES: tuple[str, str] = ("latency", "throughput")
 DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -483,17 +483,6 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
 # --- the report -----------------------------------------------------------------------------
 
 
-def _finite(x: Any) -> Any:
-    """NaN is not JSON: null instead."""
-    if isinstance(x, float):
-        return None if math.isnan(x) or math.isinf(x) else x
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
 def _nan(x: float | None) -> float:
     return math.nan if x is None else x
 
@@ -547,7 +536,7 @@ def build_report(
         "slo": slos,
         "notes": notes,
     }
-    clean: dict[str, Any] = _finite(report)
+    clean: dict[str, Any] = json_safe(report)
     return clean
 
 

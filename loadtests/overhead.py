@@ -67,7 +67,7 @@ from engines.sim.profile import load_profile
 from loadtests.client import Result, stream_completion
 from loadtests.nginx import NginxProcess, nginx_binary
 from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds
-from loadtests.summarize import percentile
+from loadtests.summarize import json_safe, percentile
 
 PROFILE = "instant"
 TARGETS = ("direct", "nginx", "gateway")
@@ -397,19 +397,8 @@ class Report:
         data["ran"] = {name: self._ran(name) for name in self.sources}
         if self.baseline is not None:
             del data["baseline"]["folder"]
-        clean: dict[str, Any] = _finite(data)
+        clean: dict[str, Any] = json_safe(data)
         return clean
-
-
-def _finite(x: Any) -> Any:
-    """NaN is not JSON: write null instead."""
-    if isinstance(x, float):
-        return None if math.isnan(x) or math.isinf(x) else x
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
 
 
 # --- targets --------------------------------------------------------------------------------

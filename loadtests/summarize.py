@@ -44,6 +44,20 @@ class Row:
     goodput_rate: float  # good / window (req/s)
 
 
+def json_safe(value: Any, digits: int | None = None) -> Any:
+    """`value` with NaN and infinities as null (JSON has neither), through dicts, lists and
+    tuples; with `digits`, floats rounded to that many significant digits."""
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return None
+        return value if digits is None else float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: json_safe(v, digits) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, digits) for v in value]
+    return value
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100), linear interpolation; NaN for no values."""
     if not values:

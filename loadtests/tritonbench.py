@@ -49,13 +49,13 @@ from loadtests.overhead import (
     Added,
     Samples,
     Stat,
-    _finite,
     _session,
     closed_small,
     paced_small,
     rotation,
 )
 from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds
+from loadtests.summarize import json_safe
 
 MODEL = "tiergate-bench"
 TRITON_MODEL = "bench"
@@ -104,7 +104,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        clean: dict[str, Any] = _finite(asdict(self))
+        clean: dict[str, Any] = json_safe(asdict(self))
         return clean
 
 

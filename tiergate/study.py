@@ -37,6 +37,7 @@ from engines.sim.profile import load_profile
 from engines.sim.virtual import closed_loop
 from gateway.routing import PolicyParams, Reason, Role, Slo
 from loadtests.phases import SHAPES
+from loadtests.summarize import json_safe
 from tiergate.cosim import CURVE_LEVELS, TRACE_AT, RunResult, RunSpec, simulate
 
 __all__ = [
@@ -778,23 +779,12 @@ def shift_lines(shift: dict[str, Any]) -> list[str]:
 
 def write(out: Path, report: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_compact(report), indent=1, default=str, allow_nan=False)
+    text = json.dumps(json_safe(report, digits=5), indent=1, default=str, allow_nan=False)
     (out / "routing-sim.json").write_text(text + "\n")
     plot_matrix(report, out / "routing-sim.png")
     plot_shift(report["shift"], out / "learned-shift.png")
     plot_curves(report["curves"], out / "learned-curves.png")
     (out / "routing-sim.md").write_text(markdown(report))
-
-
-def _compact(value: Any) -> Any:
-    """Floats to 5 significant digits (the JSON stays readable and small), NaN to null."""
-    if isinstance(value, float):
-        return None if math.isnan(value) else float(f"{value:.5g}")
-    if isinstance(value, dict):
-        return {k: _compact(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_compact(v) for v in value]
-    return value
 
 
 def _pyplot() -> Any:
