@@ -39,6 +39,7 @@ from gateway.routing import PolicyParams, Reason, Role, Slo
 from loadtests.phases import SHAPES
 from loadtests.summarize import json_safe
 from tiergate.cosim import CURVE_LEVELS, TRACE_AT, RunResult, RunSpec, simulate
+from tiergate.decision_cost import decision_alone
 
 __all__ = [
     "DEPLOYMENTS",
@@ -551,6 +552,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     progress.advance(bar)
     wall = time.perf_counter() - t0
     report = build_report(opts, done, wall)
+    report["decision_alone"] = decision_alone(("learned", "golden-range", "least-loaded"))
     print_report(console, report)
     if opts.out is not None:
         write(opts.out, report)
@@ -748,6 +750,8 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         for row in detail_rows(c):
             d.add_row(*row)
         console.print(d)
+    for line in alone_lines(report["decision_alone"]):
+        console.print(line)
     for name, cost in report["decision_cost"].items():
         console.print(
             f"{name} decision: p50 {cost['p50_us']:.1f} us, p99 {cost['p99_us']:.1f} us "
@@ -757,6 +761,15 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     for line in shift_lines(report["shift"]):
         console.print(line)
     console.print(f"{report['runs']} runs, {report['requests']} requests, {report['wall_s']} s")
+
+
+def alone_lines(alone: dict[str, Any]) -> list[str]:
+    return [
+        f"`{name}` alone: p50 {c['p50_us']:.1f} µs, p99 {c['p99_us']:.1f} µs over "
+        f"{c['samples']} decisions ({alone['inflight']} in flight, {alone['rounds']} rounds, "
+        "order rotated; tiergate.decision_cost)"
+        for name, c in alone["policies"].items()
+    ]
 
 
 def shift_lines(shift: dict[str, Any]) -> list[str]:
@@ -1035,13 +1048,14 @@ def markdown(report: dict[str, Any]) -> str:
             "",
         ]
     lines += ["## Decision cost", ""]
+    lines += [f"- {line}" for line in alone_lines(report["decision_alone"])]
     for name, cost in report["decision_cost"].items():
         lines.append(
             f"- `{name}`: p50 {cost['p50_us']:.1f} µs, p99 {cost['p99_us']:.1f} µs over "
             f"{cost['samples']} decisions; with >= {cost['at_least_inflight']} requests in "
             f"flight p50 {cost['busy_p50_us']:.1f} µs, p99 {cost['busy_p99_us']:.1f} µs over "
             f"{cost['busy_samples']} decisions (the policy call alone, `time.perf_counter_ns`, "
-            "in worker processes sharing the machine's cores)."
+            "inside the simulation, in worker processes sharing the machine's cores)."
         )
     shift = report["shift"]
     lines += [

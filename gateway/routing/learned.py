@@ -124,13 +124,16 @@ def outlook(
             hurt += count
     others = n - known
     if others > 0:
-        if now <= tpot_slo:
+        if now <= tpot_slo < tpot:
+            hurt += others
+        if now <= slo.tpot_s:
             met_now += others
-            if tpot > tpot_slo:
-                hurt += others
-        if tpot <= tpot_slo:
+        if tpot <= slo.tpot_s:
             met_then += others
-    if meets:
+    # The gain counts every stream, the request too, by the curve's mean against its SLO: the
+    # margin is for calling a backend safe; once none is, the expected count is what matters,
+    # and a stream whose SLO sits at the curve's mean meets it one time in two.
+    if tpot <= slo.tpot_s and ttft <= slo.ttft_s:
         met_then += 1
     gain = met_then / tpot - met_now / now
     full = ttft > params.full_ttft_factor * slo.ttft_s or (

@@ -15,6 +15,7 @@ from engines.sim.profile import load_profile
 from gateway.routing import PolicyParams, Reason, Role, Slo
 from tiergate.cli import app
 from tiergate.cosim import RunSpec, simulate
+from tiergate.decision_cost import decision_alone, snapshot
 from tiergate.study import ORACLE_LIMITS, arms, converged_after, oracle_arm, true_tpot, verdict
 
 STANDARD = Slo(1.0, 0.025)
@@ -125,7 +126,14 @@ def test_the_command_writes_the_report(tmp_path: Path) -> None:
     assert cell["oracle"]["limit"] in ORACLE_LIMITS
     assert cell["vs_oracle"]["text"] in ("MET", "within noise", "NOT MET")
     assert report["conservation"] == {"inflight_left": 0, "ejections": 0}
+    alone = report["decision_alone"]
+    assert alone["inflight"] == 64
+    assert set(alone["policies"]) == {"learned", "golden-range", "least-loaded"}
+    for cost in alone["policies"].values():
+        assert 0 < cost["p50_us"] <= cost["p99_us"]
+        assert cost["samples"] == 100_000
     md = (tmp_path / "routing-sim.md").read_text()
+    assert "`learned` alone: p50" in md
     assert "--deployment tutorial --shape burst --slo interactive --out DIR" in md
     assert str(tmp_path) not in md
 
@@ -134,3 +142,15 @@ def test_the_command_refuses_an_unknown_deployment() -> None:
     result = CliRunner().invoke(app, ["bench", "routing-sim", "--deployment", "nope"])
     assert result.exit_code == 2  # a usage error, before anything runs
     assert "unknown deployment nope" in result.output
+
+
+def test_the_decision_snapshot_is_the_stated_load() -> None:
+    snap = snapshot(PolicyParams(), Slo())
+    assert sum(snap.load(b.url).effective for b in snap.backends) == 64
+    assert [b.role for b in snap.backends] == [Role.LATENCY, Role.THROUGHPUT, Role.THROUGHPUT]
+    assert all(b.url in snap.curves for b in snap.backends)  # the learned policy reads them
+    cost = decision_alone(("learned", "golden-range"), rounds=2, per_round=50)
+    assert {name: c["samples"] for name, c in cost["policies"].items()} == {
+        "learned": 100,
+        "golden-range": 100,
+    }
