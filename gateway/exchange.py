@@ -66,6 +66,9 @@ class Exchange:
     joined_at_load: int = 0
     busy_mark: tuple[float, float] | None = None
     responded: bool = False  # the response has started: no other answer can be given now
+    # Why the gateway itself is ending this request (e.g. its drain deadline passed): set it,
+    # then cancel the request's task; upstream ends the answer cleanly with this message.
+    cut_reason: str | None = None
 
     async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers; the body follows with `send`."""

@@ -40,6 +40,13 @@ HOP_HEADERS = frozenset({
 _RETRY_AFTER = "Retry-After"
 
 
+def _uncancel() -> None:
+    """Take back the cancellation that asked this task to end its answer: it ends it itself."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
 class Upstream:
     def __init__(
         self,
@@ -62,7 +69,16 @@ class Upstream:
 
     async def forward(self, ex: Exchange, decision: Decision) -> None:
         """Answer `ex` from the first candidate that answers; the last failure otherwise."""
-        failed = await self.retry.run(decision.candidates, functools.partial(self._attempt, ex))
+        try:
+            failed = await self.retry.run(decision.candidates, functools.partial(self._attempt, ex))
+        except asyncio.CancelledError:
+            if ex.cut_reason is None or ex.responded:
+                raise
+            _uncancel()
+            ex.status = 503
+            await ex.answer(503, [(b"content-type", b"application/json"), *ex.response_headers],
+                            error_json(503, ex.cut_reason))  # fmt: skip
+            return
         if failed is not None:
             await self._give_up(ex, failed)
 
@@ -174,6 +190,12 @@ class Upstream:
                 "request_id": ex.id, "backend": str(resp.url.origin()),
                 "error": ex.midstream_error}})  # fmt: skip
             tail = relay.fail(f"upstream stream failed: {ex.midstream_error}")
+        except asyncio.CancelledError:
+            if ex.cut_reason is None:
+                raise  # the client went away: nothing to tell it
+            _uncancel()
+            ex.midstream_error = "cut"
+            tail = relay.fail(ex.cut_reason)
         ex.text_events, ex.output_tokens = relay.text_events, relay.completion_tokens
         if relay.engine_error and ex.midstream_error is None:
             ex.midstream_error = "engine_error"
