@@ -40,9 +40,10 @@ from starlette.exceptions import HTTPException
 
 from gateway import api
 from gateway.admission import Admission
+from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body
 from gateway.exchange import Endpoint, Exchange, Send
-from gateway.intake import Intake, Receive
+from gateway.intake import ClientGone, Intake, Receive
 from gateway.learner import Learner
 from gateway.load.monitor import Monitor
 from gateway.registry import Registry
@@ -75,6 +76,7 @@ class Gateway:
     intake: Intake
     admission: Admission
     upstream: Upstream
+    drain: Drain
 
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
         """Answer `ex` with the gateway's own error."""
@@ -84,9 +86,9 @@ class Gateway:
 
 
 @asynccontextmanager
-async def open_gateway(settings: Settings) -> AsyncIterator[Gateway]:
+async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncIterator[Gateway]:
     """Build the gateway, start its background work (state sync, load monitor), and take it
-    all down again on exit."""
+    all down again on exit. `drain`: the shutdown state its runner shares (a new one if none)."""
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
         store = make_store(settings.redis_url)
@@ -118,6 +120,7 @@ async def open_gateway(settings: Settings) -> AsyncIterator[Gateway]:
                 router.decide, registry.changed, settings.policy.queue_deadline_s, telemetry
             ),
             upstream=Upstream(session, registry, telemetry, settings),
+            drain=drain or Drain(),
         )
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
@@ -137,15 +140,33 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw: Gateway = scope["state"]["gateway"]
         ex = gw.intake.open(self.endpoint, scope, send)
+        # ASGI servers run each request in a task of its own: the drain may cancel it.
+        me = cast(asyncio.Task[Any], asyncio.current_task())
+        live = gw.drain.live
+        live[ex] = me
         try:
-            await self._handle(gw, ex, receive)
+            await self._handle(gw, ex, receive, me)
+        except ClientGone:
+            log.debug("client disconnected during the body", extra={"fields": {
+                "request_id": ex.id}})  # fmt: skip
+        except asyncio.CancelledError:
+            # Cut by the drain while still read or queued (upstream ends its own part).
+            if ex.cut_reason is None:
+                raise
+            me.uncancel()
+            if not ex.responded:
+                await gw.reject(ex, GatewayError(503, ex.cut_reason, reason="shutdown"))
         except Exception:
             log.exception("unexpected error", extra={"fields": {"request_id": ex.id}})
             if not ex.responded:
                 message = "Internal gateway error; see the gateway's log."
                 await gw.reject(ex, GatewayError(500, message, reason="internal"))
+        finally:
+            del live[ex]
 
-    async def _handle(self, gw: Gateway, ex: Exchange, receive: Receive) -> None:
+    async def _handle(
+        self, gw: Gateway, ex: Exchange, receive: Receive, me: asyncio.Task[Any]
+    ) -> None:
         try:
             await gw.intake.read(ex, receive)
         except GatewayError as e:
@@ -153,8 +174,6 @@ class Proxy:
             return
         # The client may go away at any point: a watcher cancels this task, and with it the
         # upstream request. (One extra task, not two and an asyncio.wait: measurably cheaper.)
-        # ASGI servers run each request in a task of its own.
-        me = cast(asyncio.Task[Any], asyncio.current_task())
         gone: list[bool] = []
         watch = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, me, gone))
         try:
@@ -261,9 +280,11 @@ def _gateway(request: Request) -> Gateway:
 
 
 def create_app(settings: Settings) -> GatewayApp:
+    drain = Drain()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        async with open_gateway(settings) as gw:
+        async with open_gateway(settings, drain) as gw:
             yield {"gateway": gw}
 
     app = FastAPIOffline(
@@ -305,19 +326,27 @@ def create_app(settings: Settings) -> GatewayApp:
         tags=["Operations"],
         response_model=api.Readiness,
         responses={
-            503: {"model": api.Readiness, "description": "Some model has no backend in rotation."}
+            503: {
+                "model": api.Readiness,
+                "description": "Some model has no backend in rotation, or the gateway is "
+                "draining (`draining: true`): it is shutting down.",
+            }
         },
     )
     async def ready(request: Request) -> JSONResponse:
-        """Readiness: 200 when every model has a healthy backend."""
+        """Readiness: 200 when every model has a healthy backend and the gateway is not
+        shutting down."""
         gw = _gateway(request)
         up = gw.registry.healthy_models()
         body = api.Readiness(
-            ready=gw.registry.models <= up,
+            ready=gw.registry.models <= up and not gw.drain.draining,
             models={m: m in up for m in sorted(gw.registry.models)},
             state_store="ok" if gw.store.healthy else "degraded",
         )
-        return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
+        doc = body.model_dump()
+        if gw.drain.draining:
+            doc["draining"] = True
+        return JSONResponse(doc, status_code=200 if body.ready else 503)
 
     @app.get("/state", tags=["Operations"])
     async def state(request: Request) -> api.GatewayState:
@@ -390,7 +419,7 @@ def create_app(settings: Settings) -> GatewayApp:
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(Exception, crashed)
-    return GatewayApp(app, proxies)
+    return GatewayApp(app, proxies, drain)
 
 
 def _openapi(app: FastAPI, events: list[type[BaseModel]]) -> dict[str, Any]:
@@ -419,8 +448,9 @@ class GatewayApp:
     25 against 58 us for a 64-token stream, i.e. about 5% of the gateway's whole CPU per small
     proxied request (~0.4 ms under wrk -c64)."""
 
-    def __init__(self, app: FastAPI, hot: dict[str, Proxy]) -> None:
+    def __init__(self, app: FastAPI, hot: dict[str, Proxy], drain: Drain) -> None:
         self.app, self.hot = app, hot
+        self.drain = drain  # the shutdown state, for the runner (gateway.server)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

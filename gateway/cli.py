@@ -15,26 +15,37 @@ if TYPE_CHECKING:
 
 
 def run(settings: Settings, banner: Callable[[], None] | None = None) -> None:
-    """Run the gateway in the foreground; call `banner` once it answers /ready."""
+    """Run the gateway in the foreground; call `banner` once it answers /ready. SIGTERM and
+    SIGINT drain it (gateway.server), and it returns once drained."""
     import asyncio
+    import gc
 
-    import uvicorn
+    import uvloop
 
     from gateway.app import create_app
+    from gateway.server import CUT_GRACE_S, GatewayConfig, GatewayServer, Guard, raise_fd_limit
 
-    config = uvicorn.Config(
-        create_app(settings),
+    app = create_app(settings)
+    config = GatewayConfig(
+        app,
+        Guard(settings.server),
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        # uvicorn's few lines go through the gateway's own (structured) logging.
+        log_config=None,
         access_log=False,
         loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=2,
+        timeout_keep_alive=settings.server.keepalive_timeout_s,
+        # A last resort only: the drain ends every request at its own deadline.
+        timeout_graceful_shutdown=settings.shutdown.drain_timeout_s + CUT_GRACE_S,
     )
-    server = uvicorn.Server(config)
+    server = GatewayServer(config, app.drain, settings.shutdown)
+    # Each client connection may hold an engine connection too.
+    raise_fd_limit(2 * settings.server.max_connections + 256)
 
     async def main() -> None:
+        server.listen()
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.05)
@@ -48,10 +59,6 @@ def run(settings: Settings, banner: Callable[[], None] | None = None) -> None:
             await asyncio.to_thread(_wait_ready, settings.port)
             banner()
         await task
-
-    import gc
-
-    import uvloop
 
     uvloop.run(main())
     if not server.started:

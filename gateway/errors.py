@@ -23,6 +23,7 @@ ERROR_TYPES: dict[int, str] = {
     415: "UnsupportedMediaTypeError",
     422: "UnprocessableEntityError",
     429: "RateLimitError",
+    431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
     502: "BadGatewayError",
     503: "ServiceUnavailableError",

@@ -1,6 +1,7 @@
 """Intake: turn what the client sent into an `Exchange`, or a clear OpenAI error.
 
-Authentication, the body (size-limited), JSON, the fields routing needs (validated by the API's
+Authentication, the content type, the body (size-limited), JSON (too deep or too long numbers
+included: 400), the fields routing needs (validated by the API's
 request models), the model, the `x-tiergate-tier` pin, and the backends of kinds that cannot
 serve this particular request. Every problem is a `GatewayError` with the status and the
 offending `param`; nothing here talks to a backend.
@@ -12,6 +13,7 @@ import asyncio
 import itertools
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -26,11 +28,20 @@ from gateway.registry import Registry
 from gateway.routing import Role, Slo
 from gateway.settings import Settings
 
-__all__ = ["Intake", "Receive"]
+__all__ = ["ClientGone", "Intake", "Receive"]
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 _SCHEMAS: dict[bool, type[BaseModel]] = {False: CompletionRequest, True: ChatCompletionRequest}
+# A client's x-request-id is kept when it is short and plain; any other is replaced by one of
+# the gateway's, so that it cannot forge fields in a log line or a header downstream.
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+_JSON = b"application/json"
+
+
+class ClientGone(asyncio.CancelledError):
+    """The client went away before its request was read whole: the work for it stops, as if
+    cancelled, and the proxy tells it apart from a real cancellation."""
 
 
 class Intake:
@@ -52,19 +63,34 @@ class Intake:
     def open(self, endpoint: Endpoint, scope: MutableMapping[str, Any], send: Send) -> Exchange:
         """The exchange for a request that just arrived (headers only, nothing read yet)."""
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        rid = headers.get(b"x-request-id", b"").decode("latin-1") or self.new_id()
-        headers[b"x-request-id"] = rid.encode("latin-1")
+        sent = headers.get(b"x-request-id")
+        if sent is not None and _REQUEST_ID.fullmatch(sent):
+            rid = sent.decode("ascii")
+        else:
+            rid = self.new_id()
+            headers[b"x-request-id"] = rid.encode("ascii")
         return Exchange(rid, endpoint, headers, send, time.perf_counter())
 
     async def read(self, ex: Exchange, receive: Receive) -> None:
         """Fill in what the client asked for; a GatewayError if it cannot be served as sent."""
         if self.api_keys and ex.headers.get(b"authorization") not in self.api_keys:
             raise GatewayError(401, "Missing or invalid API key (Authorization: Bearer ...).")
+        ctype = ex.headers.get(b"content-type")
+        if ctype and not _is_json(ctype):  # an empty header counts as none
+            raise GatewayError(
+                415, "The body must be JSON, sent with Content-Type: application/json "
+                "(curl: -H 'Content-Type: application/json').", "content-type",
+            )  # fmt: skip
         ex.body = await self._body(ex, receive)
         try:
             data = json.loads(ex.body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise GatewayError(400, f"Malformed JSON body: {e}") from None
+        except RecursionError:
+            raise GatewayError(400, "Malformed JSON body: nested too deeply.") from None
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            # Python refuses integers of more than 4,300 digits with a plain ValueError.
+            why = str(e) if isinstance(e, json.JSONDecodeError | UnicodeDecodeError) else (
+                "a number has too many digits")  # fmt: skip
+            raise GatewayError(400, f"Malformed JSON body: {why}") from None
         if not isinstance(data, dict):
             raise GatewayError(400, "The request body must be a JSON object.")
         try:
@@ -93,7 +119,7 @@ class Intake:
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
-                raise asyncio.CancelledError
+                raise ClientGone
             chunk = msg.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
@@ -149,6 +175,17 @@ class Intake:
                     f"{wire.label}.", why.param,
                 )  # fmt: skip
         return frozenset(excluded)
+
+
+def _is_json(ctype: bytes) -> bool:
+    """application/json, with parameters (charset) or not, in any case.
+
+    No content type at all is taken as JSON, as vLLM's FastAPI does (Python's `requests` with
+    `data=` sends none). Every other type is refused with 415, form encoding included (what
+    `curl -d` sends without -H): vLLM refuses those bodies too (422), and the types a browser
+    may send cross-site without asking first (forms, text/plain) cannot reach the engines."""
+    head = ctype[:16].lower()
+    return head == _JSON and (len(ctype) == 16 or ctype[16:17] in b"; \t")
 
 
 def _ms(value: bytes, header: str) -> float:

@@ -40,6 +40,7 @@ __all__ = [
     "BackendConfig",
     "ConfigError",
     "MonitorConfig",
+    "OutlierConfig",
     "PolicyConfig",
     "RetryConfig",
     "Settings",
@@ -169,8 +170,9 @@ class RetryConfig(_Model):
     deadline_s: float = Field(default=30.0, gt=0)
     budget_ratio: float = Field(default=0.2, ge=0)
     budget_min_per_s: float = Field(default=10, ge=0)
-    # Backend answers that mean "try elsewhere" (before the first byte only).
-    retry_statuses: list[int] = Field(default=[429, 502, 503, 504])
+    # Backend answers that mean "try elsewhere" (before the first byte only). An engine's
+    # 401/403 is tried elsewhere too, and answered 502: the gateway's credentials are wrong.
+    retry_statuses: list[int] = Field(default=[408, 429, 500, 502, 503, 504])
     # Longest wait for a stream's first body bytes (its TTFT, queueing included) before the
     # attempt counts as failed and the next candidate is tried.
     first_byte_timeout_s: float = Field(default=60.0, gt=0)
@@ -195,6 +197,31 @@ class MonitorConfig(_Model):
     stall_after_s: float = Field(default=5.0, gt=0)
 
 
+class OutlierConfig(_Model):
+    """Ejection on the outcomes of real requests (gateway.outlier), after Envoy's outlier
+    detection: consecutive failures or a failure ratio, back-off, probation, a cap per tier."""
+
+    consecutive_failures: int = Field(default=3, ge=1)
+    failure_ratio: float = Field(default=0.3, gt=0, le=1)
+    window_s: float = Field(default=10.0, gt=0)
+    min_requests: int = Field(default=10, ge=1)
+    base_ejection_s: float = Field(default=5.0, gt=0)
+    max_ejection_s: float = Field(default=60.0, gt=0)
+    # Successes, one request at a time, that end a probation.
+    trial_successes: int = Field(default=3, ge=1)
+    # Share of a tier that may be out for its outcomes at once (one backend at least).
+    max_ejected_share: float = Field(default=0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Self:
+        if self.max_ejection_s < self.base_ejection_s:
+            raise _FieldError(
+                "max_ejection_s",
+                f"must be >= base_ejection_s ({self.base_ejection_s}), got {self.max_ejection_s}",
+            )
+        return self
+
+
 class SloConfig(_Model):
     """The service level a request asks for unless it says otherwise (x-tiergate-slo-ttft-ms,
     x-tiergate-slo-tpot-ms): the learned policy routes to meet it, metrics count who did."""
@@ -216,6 +243,34 @@ class LearningConfig(_Model):
     acceptance_halflife_s: float = Field(default=3.0, gt=0)
     # The prior's weight in observations: small, so data takes over at once where there is any.
     prior_weight: float = Field(default=0.25, gt=0)
+
+
+class ShutdownConfig(_Model):
+    """What the gateway does on SIGTERM or SIGINT (gateway.server): /ready turns 503 at once and
+    new requests are still served for `pre_stop_delay_s` (load balancers take a moment to
+    notice); then the listener closes and requests in flight get `drain_timeout_s` to finish.
+    Those still running then end cleanly: a 503, or a stream's SSE error event and [DONE].
+    A second signal skips what is left of both waits."""
+
+    pre_stop_delay_s: float = Field(default=5.0, ge=0, le=3600)
+    drain_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
+
+
+class ServerConfig(_Model):
+    """What the gateway's HTTP server allows its clients (gateway.server). Every refusal is an
+    OpenAI error; a connection that sent nothing is closed without an answer."""
+
+    # The request line and headers together; more is answered 431.
+    max_header_bytes: int = Field(default=16_384, ge=1024, le=1_048_576)
+    # From a connection's opening (or a request's first byte on a kept-alive connection) to
+    # the end of its headers; past it the connection is closed (408 if it had sent anything).
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    # From the end of the headers to the end of the body; past it 408 and closed.
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # A kept-alive connection idle this long between requests is closed.
+    keepalive_timeout_s: float = Field(default=5.0, gt=0, le=3600)
+    # Client connections open at once; requests on connections past it are answered 503.
+    max_connections: int = Field(default=1000, ge=1)
 
 
 def _split_keys(value: Any) -> Any:
@@ -247,6 +302,7 @@ class Settings(BaseSettings):
     policy: PolicyConfig = PolicyConfig()
     retry: RetryConfig = RetryConfig()
     monitor: MonitorConfig = MonitorConfig()
+    outlier: OutlierConfig = OutlierConfig()
     slo: SloConfig = SloConfig()
     learning: LearningConfig = LearningConfig()
     # Hidden from repr: a Redis URL may carry a password.
@@ -257,10 +313,15 @@ class Settings(BaseSettings):
     log_json: bool = False
     request_timeout_s: float = Field(default=600, gt=0)
     connect_timeout_s: float = Field(default=2.0, gt=0)
+    # A stream whose engine sends nothing for this long after its first byte is cut and
+    # counted as the backend's failure (a frozen engine must not freeze its clients).
+    stream_idle_timeout_s: float = Field(default=2.5, gt=0)
     # Idle pooled connections to the engines are closed after this. Below the engines' own
     # keep-alive (vLLM's and uvicorn's: 5 s), or the gateway may send a request on a connection
     # the engine is closing at that moment, and the request fails for nothing.
     upstream_keepalive_s: float = Field(default=4.0, gt=0)
+    shutdown: ShutdownConfig = ShutdownConfig()
+    server: ServerConfig = ServerConfig()
 
     @field_validator("api_keys", mode="before")
     @classmethod
