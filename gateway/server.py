@@ -10,8 +10,10 @@ that misbehave and for shutting down without cutting anyone.
   its headers are complete, so the head deadline has to live here; the body's lives beside it
   so that every proxied request pays for neither a timer nor an `asyncio.timeout`: a deadline
   is one float set per phase, and a sweep over the open connections (every 0.25 s, ~0.1 ms for
-  1,000 connections) enforces them. Measured: `loop.call_later` + `cancel` costs ~1.1 us on
-  uvloop, twice per request; setting the float ~0.05 us.
+  1,000 connections) enforces them. Measured on uvloop: `call_later` + `cancel` ~1.1 us, twice
+  per request; reading the loop's clock ~0.05 us. The protocol in process, a small POST on a
+  kept-alive connection: 12.5 us per request stock, 13.6 us with these overrides (medians of 7
+  x 20,000), against ~400 us of gateway CPU per proxied request.
 - the request head's size (request line and headers, default 16 KB): more is 431. httptools
   buffers a header until it is whole, so the head's raw bytes are counted as they arrive.
 - a connection limit: requests on connections past `max_connections` are answered 503 (uvicorn's
@@ -283,7 +285,7 @@ class GatewayServer(uvicorn.Server):
     async def _drain(self, signame: str) -> None:
         cfg = self.stopping
         self.drain.begin()
-        log.info("draining", extra={"fields": {
+        log.info("draining (a second signal ends it now)", extra={"fields": {
             "signal": signame, "in_flight": len(self.drain.live),
             "pre_stop_delay_s": cfg.pre_stop_delay_s, "drain_timeout_s": cfg.drain_timeout_s,
         }})  # fmt: skip
