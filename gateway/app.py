@@ -124,6 +124,8 @@ async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncI
         )
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
+        await gw.upstream.watchdog.start()
+        stack.push_async_callback(gw.upstream.watchdog.aclose)
         state = "redis" if settings.redis_url else "memory"
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
@@ -363,6 +365,7 @@ def create_app(settings: Settings) -> GatewayApp:
                 kv_usage=load.kv_usage, inflight=load.inflight, effective=load.effective,
                 healthy=load.healthy, stale=load.stale,
                 ejected_reason=e.live.eject_reason if e.live.ejected else None,
+                probation=e.live.probation,
                 model=gw.learner.view(e.url, snap.taken_at),
             ))  # fmt: skip
         return api.GatewayState(

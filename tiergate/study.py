@@ -529,6 +529,7 @@ def revision() -> dict[str, Any]:
 def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     """Run the matrix and the traced scenarios; print the tables; write the files to `out`."""
     console = console or Console()
+    code = revision()  # now: the code the runs import, not what the tree holds when they end
     todo = tasks(opts)
     done: list[tuple[Task, Summary]] = []
     jobs = opts.jobs or os.cpu_count() or 1
@@ -551,7 +552,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     done.append(fut.result())
                     progress.advance(bar)
     wall = time.perf_counter() - t0
-    report = build_report(opts, done, wall)
+    report = build_report(opts, done, wall, code)
     report["decision_alone"] = decision_alone(("learned", "golden-range", "least-loaded"))
     print_report(console, report)
     if opts.out is not None:
@@ -564,7 +565,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
 
 
 def build_report(
-    opts: Options, done: Sequence[tuple[Task, Summary]], wall: float
+    opts: Options, done: Sequence[tuple[Task, Summary]], wall: float, code: dict[str, Any]
 ) -> dict[str, Any]:
     matrix: dict[Cell, dict[str, list[tuple[int, Summary]]]] = {}
     shift: dict[int, Summary] = {}
@@ -593,7 +594,7 @@ def build_report(
     return {
         "command": opts.command(),
         "date": time.strftime("%Y-%m-%d"),
-        "revision": revision(),
+        "revision": code,
         "options": {
             "phase_s": opts.phase_s,
             "seeds": opts.seeds,
