@@ -232,6 +232,11 @@ class BackendView(BaseModel):
     healthy: bool
     stale: bool = Field(description="The last good scrape is too old to trust.")
     ejected_reason: str | None
+    probation: bool = Field(
+        default=False,
+        description="Back after an ejection for its requests' outcomes: it takes one request at"
+        " a time until enough of them succeed.",
+    )
     model: ModelView | None = Field(default=None, description="The learned latency curve.")
 
 

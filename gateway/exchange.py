@@ -66,6 +66,13 @@ class Exchange:
     joined_at_load: int = 0
     busy_mark: tuple[float, float] | None = None
     responded: bool = False  # the response has started: no other answer can be given now
+    # Continuation of a stream that broke: what the client was sent (None: not kept, the
+    # request cannot be continued), how many times it was continued, and the backends that
+    # failed it.
+    transcript: list[bytes] | None = None
+    continuations: int = 0
+    failed_urls: set[str] = field(default_factory=set)
+    server_errors: int = 0  # engines' 5xx answers to this request, before its first byte
     # Why the gateway itself is ending this request (e.g. its drain deadline passed): set it,
     # then cancel the request's task; upstream ends the answer cleanly with this message.
     cut_reason: str | None = None

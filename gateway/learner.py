@@ -87,6 +87,8 @@ class Learner:
         b, ttft, tpot = ex.backend, ex.ttft, ex.tpot
         if b is None or ex.status != 200 or ttft is None or ex.midstream_error:
             return
+        if ex.continuations:  # its TPOT is two backends' (and a gap): no one's curve
+            return
         entry = self.registry.entry(b.url)
         now = self.clock()
         decoding = None

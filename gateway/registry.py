@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any
 
+from gateway.outlier import Mode, OutlierState, Verdict
 from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
 from gateway.routing.curves import Prediction
 from gateway.settings import BackendConfig, Settings
@@ -41,10 +42,11 @@ class LiveStatus:
     kv_usage: float = 0.0
     spec_acceptance: float | None = None
     scraped_at: float | None = None  # the last good scrape, on the registry's clock
-    request_failures: int = 0  # consecutive attempts that failed before their first byte
-    ejected: bool = False
+    down: bool = False  # the load monitor found it dead or stalled
+    ejected: bool = False  # out of rotation: down, or ejected for its requests' outcomes
     eject_reason: str = ""
     ejected_at: float = 0.0
+    probation: bool = False  # back after an ejection for its outcomes: one request at a time
 
 
 @dataclass(eq=False)
@@ -54,9 +56,12 @@ class BackendEntry:
     adapter: WireAdapter
     inflight_gauge: Any  # tiergate_inflight{tier,backend}
     live: LiveStatus = field(default_factory=LiveStatus)
+    outlier: OutlierState = field(default_factory=OutlierState)
     # Attempts holding a lease here that have not had their first byte: an ejection cancels
     # them so they move on to the next candidate.
     waiting: set[Lease] = field(default_factory=set)
+    # Attempts streaming from here: an ejection, or their engine going silent, cuts them.
+    streaming: set[Lease] = field(default_factory=set)
     # This gateway's leases here over time: their count, and its integral up to `busy_at`, so
     # a request's mean concurrency over any span is a subtraction (the latency model's input).
     busy: int = 0
@@ -160,7 +165,8 @@ class ChangeSignal:
 class Lease:
     """One attempt's claim on a backend: counted in flight from `with` to its end."""
 
-    __slots__ = ("ejected", "entry", "held", "registry", "slo", "task")
+    __slots__ = ("cut", "ejected", "entry", "held", "last_io", "on_cut", "registry", "slo",
+                 "task")  # fmt: skip
 
     def __init__(
         self, registry: Registry, entry: BackendEntry, task: asyncio.Task[Any], slo: float
@@ -168,6 +174,11 @@ class Lease:
         self.registry, self.entry, self.task, self.slo = registry, entry, task, slo
         self.ejected = False  # set when the backend's ejection cancelled this attempt
         self.held = False
+        # Why the gateway cut this attempt's stream ("ejected", "idle"), and when its engine
+        # last sent something (the stream watchdog's clock, set by the relay).
+        self.cut: str | None = None
+        self.last_io = 0.0
+        self.on_cut: Callable[[], None] | None = None
 
     def __enter__(self) -> Lease:
         e = self.entry
@@ -178,9 +189,21 @@ class Lease:
         self.held = True
         return self
 
-    def first_byte(self) -> None:
-        """The engine answered: an ejection no longer moves this attempt elsewhere."""
-        self.entry.waiting.discard(self)
+    def first_byte(self, now: float, on_cut: Callable[[], None]) -> None:
+        """The engine answered: from here an ejection or silence cuts the stream instead, by
+        `on_cut` (closing the engine's response: the relay's next read fails at once)."""
+        e = self.entry
+        e.waiting.discard(self)
+        self.last_io, self.on_cut = now, on_cut
+        e.streaming.add(self)
+
+    def cut_stream(self, why: str) -> None:
+        """End this attempt's stream; the relay sees its read fail, and `cut` says why. (Not
+        by cancelling the task: a cancellation that lands after the read had already failed
+        would stay pending and hit whatever the task awaits next, the stream's continuation.)"""
+        if self.cut is None and self.on_cut is not None:
+            self.cut = why
+            self.on_cut()
 
     def __exit__(
         self,
@@ -193,6 +216,7 @@ class Lease:
         self.held = False
         e = self.entry
         e.waiting.discard(self)
+        e.streaming.discard(self)
         self.registry.store.release(e.url)
         e.inflight_gauge.dec()
         e.count_lease(-1, self.slo, self.registry.clock())
@@ -208,7 +232,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store, self.telemetry, self.clock = store, telemetry, clock
-        self.eject_after_failures = settings.monitor.eject_after_failures
+        self.outlier_cfg = settings.outlier
         # A scrape older than three intervals is old news: routing then trusts only the
         # gateway's own in-flight counts.
         self.stale_after = 3 * settings.monitor.scrape_interval_s
@@ -259,7 +283,8 @@ class Registry:
                 waiting=st.waiting,
                 kv_usage=st.kv_usage,
                 inflight=counts.get(url, 0),
-                healthy=not st.ejected,
+                # On probation: routable while it has no request of ours (one at a time).
+                healthy=not st.ejected and not (st.probation and e.busy > 0),
                 stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
                 slos=e.slos,
             )
@@ -281,23 +306,72 @@ class Registry:
         return self.store.local_counts().get(entry.url, 0)
 
     # -- outcomes and health ---------------------------------------------------------------
-    def request_failed(self, entry: BackendEntry, reason: str) -> None:
-        entry.live.request_failures += 1
-        if entry.live.request_failures >= self.eject_after_failures:
-            self.eject(entry, f"requests_{reason}")
+    def request_failed(self, entry: BackendEntry, reason: str, *, fatal: bool = False) -> None:
+        """An attempt here failed (before or after its first byte); `fatal`: the engine refused
+        the gateway's credentials."""
+        verdict = entry.outlier.failed(self.outlier_cfg, self.clock(), fatal=fatal)
+        if verdict is not Verdict.EJECT:
+            return
+        if not self._may_eject(entry):
+            entry.outlier.spared()
+            return
+        seconds = entry.outlier.eject(self.outlier_cfg, self.clock())
+        self._out(entry, f"requests_{reason}", f"for {seconds:g} s")
 
     def request_succeeded(self, entry: BackendEntry) -> None:
-        entry.live.request_failures = 0
+        if entry.outlier.succeeded(self.outlier_cfg, self.clock()) is Verdict.READMIT:
+            entry.live.probation = False
+            log.info("backend passed probation", extra={"fields": {"backend": entry.url}})
+
+    def _may_eject(self, entry: BackendEntry) -> bool:
+        """At most `max_ejected_share` of the backend's tier out for its outcomes, one at least."""
+        tier = [e for e in self.entries.values() if e.backend.tier == entry.backend.tier]
+        out = sum(e.outlier.mode is Mode.EJECTED for e in tier)
+        return out == 0 or (out + 1) / len(tier) <= self.outlier_cfg.max_ejected_share
+
+    def tick(self) -> None:
+        """Ejections for outcomes that ran out: those backends go on probation."""
+        now = self.clock()
+        for e in self.entries.values():
+            if e.outlier.tick(now):
+                e.live.probation = True
+                self._update(e)
+                log.info("backend on probation", extra={"fields": {"backend": e.url}})
 
     def eject(self, entry: BackendEntry, reason: str) -> None:
-        """Out of rotation; the attempts waiting there for a first byte move on."""
+        """The load monitor found the backend dead or stalled: out until a good probe."""
+        if not entry.live.down:
+            entry.live.down = True
+            self._out(entry, reason, "until a good probe")
+
+    def readmit(self, entry: BackendEntry) -> None:
+        """A good probe: back, unless ejected for its outcomes (that runs its own course)."""
         st = entry.live
-        if st.ejected:
-            return
-        st.ejected, st.eject_reason, st.ejected_at = True, reason, self.clock()
-        b = entry.backend
+        if st.down:
+            st.down = False
+            self._update(entry)
+            if not st.ejected:
+                log.info("backend back in rotation", extra={"fields": {"backend": entry.url}})
+
+    def _update(self, entry: BackendEntry) -> None:
+        st = entry.live
+        was, st.ejected = st.ejected, st.down or entry.outlier.mode is Mode.EJECTED
+        if was and not st.ejected:
+            self.changed.notify()
+
+    def _out(self, entry: BackendEntry, reason: str, how_long: str) -> None:
+        """Out of rotation: what was scraped is forgotten (its load is unknown now), the
+        attempts waiting there for a first byte move on, and its streams are cut."""
+        st, b = entry.live, entry.backend
+        again = st.eject_reason == reason  # the same cause as last time: logged once
+        st.eject_reason, st.ejected_at, st.probation = reason, self.clock(), False
+        self._update(entry)
+        st.running = st.waiting = 0
+        st.kv_usage, st.scraped_at = 0.0, None
         self.telemetry.ejections.labels(b.role.value, b.url, reason.split("_")[0]).inc()
-        log.warning("backend ejected", extra={"fields": {"backend": b.url, "reason": reason}})
+        level = logging.DEBUG if again else logging.WARNING
+        log.log(level, "backend ejected", extra={"fields": {
+            "backend": b.url, "reason": reason, "out": how_long}})  # fmt: skip
         if entry.waiting:  # leases exist only inside the event loop
             # An attempt whose own failure caused the ejection is already moving on: spare it.
             current = asyncio.current_task()
@@ -306,9 +380,17 @@ class Registry:
                     lease.ejected = True
                     lease.task.cancel()
             entry.waiting.clear()
+        for lease in tuple(entry.streaming):
+            lease.cut_stream("ejected")
 
-    def readmit(self, entry: BackendEntry) -> None:
-        st = entry.live
-        st.ejected, st.request_failures = False, 0
-        log.info("backend back in rotation", extra={"fields": {"backend": entry.url}})
-        self.changed.notify()
+    def cut_idle(self, now: float, idle_s: float) -> int:
+        """Cut the streams whose engine has sent nothing for `idle_s` (on the relay's clock);
+        each counts as its backend's failure. Returns how many."""
+        cut = 0
+        for e in self.entries.values():
+            for lease in tuple(e.streaming):
+                if lease.cut is None and now - lease.last_io > idle_s:
+                    lease.cut_stream("idle")
+                    self.request_failed(e, "idle")
+                    cut += 1
+        return cut

@@ -70,6 +70,8 @@ class RetryHooks(Protocol):
 
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None: ...
 
+    def retrying(self, failed: Backend, error: Retryable) -> None: ...
+
     def budget_exhausted(self) -> None: ...
 
 
@@ -109,19 +111,36 @@ class RetryExecutor:
         self.budget.on_request()
         started = self.clock()
         last = Retryable("no_candidate")
-        for n, backend in enumerate(candidates[: self.cfg.max_attempts], 1):
-            if n > 1:
+        previous: Backend | None = None
+        for n, backend in enumerate(within(candidates, self.cfg.max_attempts), 1):
+            if previous is not None:
                 wait = self.backoff(n)
                 if self.clock() - started + wait >= self.cfg.deadline_s:
                     break
                 if not self.budget.try_spend():
                     self.hooks.budget_exhausted()
                     break
+                self.hooks.retrying(previous, last)
                 await self.sleep(wait)
             try:
                 await attempt(backend)
                 return None
             except Retryable as e:
                 self.hooks.attempt_failed(backend, e, n)
-                last = e
+                last, previous = e, backend
         return last
+
+
+def within(candidates: Sequence[Backend], limit: int) -> Sequence[Backend]:
+    """The first `limit` candidates, keeping one of each role among them if the candidates
+    have one: the last place goes to the first of a role missing, so a whole tier failing
+    still leaves the other tier a try (with two attempts or more: one is the policy's)."""
+    if len(candidates) <= limit or limit < 2:
+        return candidates[:limit]
+    head = list(candidates[:limit])
+    roles = {b.role for b in head}
+    for b in candidates[limit:]:
+        if b.role not in roles:
+            head[-1] = b
+            break
+    return head

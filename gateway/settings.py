@@ -222,6 +222,14 @@ class OutlierConfig(_Model):
         return self
 
 
+class ContinuationConfig(_Model):
+    """Mid-stream continuation (gateway.continuation): a stream that breaks after its first
+    byte is continued on another backend; a client opts out with `x-tiergate-continue: off`."""
+
+    enabled: bool = True
+    max_continuations: int = Field(default=2, ge=1, le=10)
+
+
 class SloConfig(_Model):
     """The service level a request asks for unless it says otherwise (x-tiergate-slo-ttft-ms,
     x-tiergate-slo-tpot-ms): the learned policy routes to meet it, metrics count who did."""
@@ -303,6 +311,7 @@ class Settings(BaseSettings):
     retry: RetryConfig = RetryConfig()
     monitor: MonitorConfig = MonitorConfig()
     outlier: OutlierConfig = OutlierConfig()
+    continuation: ContinuationConfig = ContinuationConfig()
     slo: SloConfig = SloConfig()
     learning: LearningConfig = LearningConfig()
     # Hidden from repr: a Redis URL may carry a password.

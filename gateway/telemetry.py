@@ -121,9 +121,16 @@ class Telemetry:
         )
         self.retries = Counter(
             "tiergate_retries",
-            "Attempts that failed before the first byte (the next candidate is tried if attempts"
-            " and the retry budget allow).",
+            "Retries: attempts started on the next candidate after an attempt failed before its"
+            " first byte, by the failed backend and why it failed.",
             ("backend", "reason"),
+            registry=r,
+        )
+        self.attempts = Counter(
+            "tiergate_attempts",
+            "Attempts on the engines by outcome: ok (a first byte came), or why it failed"
+            " before its first byte (http_<status>, auth, ejected, a connection error...).",
+            ("backend", "outcome"),
             registry=r,
         )
         self.failovers = Counter(
@@ -136,6 +143,14 @@ class Telemetry:
             "tiergate_rejected",
             "Requests answered by the gateway itself with an error.",
             ("reason",),
+            registry=r,
+        )
+        self.continuations = Counter(
+            "tiergate_continuations",
+            "Streams that broke after their first byte and were continued on another backend"
+            " (continued), could not be (impossible: finished, several choices, a prompt of"
+            " token ids, opted out), or found no backend to continue on (failed).",
+            ("outcome",),
             registry=r,
         )
         self.midstream_errors = Counter(

@@ -4,27 +4,34 @@ protocol behind its wire adapter.
 
 Nothing is sent to the client until the chosen engine has produced its first body bytes, so
 until then any failure (connect error, a retryable status, a timeout, or the backend being
-ejected while we wait) moves on to the next candidate. After the first byte a failure can only
-be reported: as an SSE `error` event followed by `[DONE]`, the way vLLM reports its own.
+ejected while we wait) moves on to the next candidate. An engine that refuses the gateway's
+credentials (401/403) is the gateway's misconfiguration: that backend is ejected, the request
+tried elsewhere, and answered 502 if nowhere else could take it. After the first byte a failure
+can only be reported: as an SSE `error` event followed by `[DONE]`, the way vLLM reports its
+own; a stream whose engine goes silent (gateway.watchdog) or is ejected is cut the same way.
+Every outcome feeds the backend's outlier detection (gateway.outlier).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
 
 import aiohttp
 
+from gateway.continuation import SplicedRelay, continued_body, replay, whole_events
 from gateway.errors import error_json
 from gateway.exchange import Exchange
-from gateway.registry import BackendEntry, Registry
+from gateway.registry import BackendEntry, Lease, Registry
 from gateway.retry import Retryable, RetryExecutor
 from gateway.routing import Backend, Decision
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
+from gateway.watchdog import StreamWatchdog
 from gateway.wire import StreamRelay
 
 __all__ = ["Upstream"]
@@ -38,6 +45,16 @@ HOP_HEADERS = frozenset({
     b"transfer-encoding", b"te", b"trailer", b"upgrade", b"authorization", b"accept-encoding",
 })  # fmt: skip
 _RETRY_AFTER = "Retry-After"
+_REFUSED_CREDENTIALS = frozenset({401, 403})
+_DONE_EVENT = b"data: [DONE]\n\n"
+# A client's opt-out of continuation for its request.
+_CONTINUE = b"x-tiergate-continue"
+_OFF = frozenset({b"off", b"false", b"0", b"no"})
+# Why the gateway cut a stream, as the client reads it in the stream's error event.
+_CUT_MESSAGES = {
+    "ejected": "the backend serving this stream was taken out of rotation",
+    "idle": "the backend serving this stream stopped sending",
+}
 
 
 def _uncancel() -> None:
@@ -59,6 +76,8 @@ class Upstream:
         self.session, self.registry, self.telemetry, self.clock = (
             session, registry, telemetry, clock)  # fmt: skip
         self.retry = RetryExecutor(settings.retry, self)
+        self.continuation = settings.continuation
+        self.watchdog = StreamWatchdog(registry, settings.stream_idle_timeout_s, clock)
         self.first_byte_timeout_s = settings.retry.first_byte_timeout_s
         self.timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=settings.connect_timeout_s,
@@ -84,9 +103,12 @@ class Upstream:
 
     # -- RetryHooks ------------------------------------------------------------------------
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None:
-        self.telemetry.child(self.telemetry.retries, backend.url, error.reason).inc()
+        self.telemetry.child(self.telemetry.attempts, backend.url, error.reason).inc()
         log.info("attempt failed before first byte", extra={"fields": {
             "backend": backend.url, "reason": error.reason, "attempt": attempt}})  # fmt: skip
+
+    def retrying(self, failed: Backend, error: Retryable) -> None:
+        self.telemetry.child(self.telemetry.retries, failed.url, error.reason).inc()
 
     def budget_exhausted(self) -> None:
         self.telemetry.child(self.telemetry.rejected, "retry_budget").inc()
@@ -111,41 +133,8 @@ class Upstream:
         ex.attempts += 1
         with self.registry.lease(entry, ex.slo.tpot_s) as lease:
             ex.joined_at_load = entry.busy  # this attempt included
-            resp: aiohttp.ClientResponse | None = None
+            resp, first = await self._open(ex, lease, wire.request(ex, entry.config))
             try:
-                try:
-                    path, payload = wire.request(ex, entry.config)
-                    resp = await self.session.post(
-                        backend.url + path, data=payload, timeout=self.timeout,
-                        headers=self._headers(ex, entry),
-                    )  # fmt: skip
-                    if self.retry.retryable(resp.status):
-                        refused = await resp.read()
-                        self.registry.request_failed(entry, f"http_{resp.status}")
-                        after = [(b"retry-after", v.encode())
-                                 for v in resp.headers.getall(_RETRY_AFTER, [])]  # fmt: skip
-                        raise Retryable(f"http_{resp.status}", resp.status,
-                                        wire.refused(resp.status, refused), after)  # fmt: skip
-                    streaming = ex.stream and resp.status == 200
-                    if streaming:
-                        async with asyncio.timeout(self.first_byte_timeout_s):
-                            first = await resp.content.readany()
-                        if not first:
-                            raise Retryable("empty_stream")
-                    else:
-                        first = await resp.read()
-                except asyncio.CancelledError:
-                    if lease.ejected:
-                        lease.task.uncancel()
-                        raise Retryable("ejected") from None
-                    raise
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
-                        TimeoutError) as e:  # fmt: skip
-                    self.registry.request_failed(entry, "connect")
-                    raise Retryable(type(e).__name__) from e
-                # First byte in hand: from here on, the client gets what the engine says.
-                lease.first_byte()
-                self.registry.request_succeeded(entry)
                 ex.backend, ex.status = backend, resp.status
                 ex.busy_mark = entry.busy_mark(self.registry.clock())
                 ctype = resp.headers.get("Content-Type", "application/json").encode()
@@ -155,53 +144,222 @@ class Upstream:
                     (b"x-tiergate-backend", backend.url.encode()),
                     (b"x-tiergate-attempts", str(ex.attempts).encode()),
                 ]
-                if streaming:
+                if not (ex.stream and resp.status == 200):
+                    ex.status, body, ctype = wire.reply(ex, resp.status, first, ctype)
                     headers.append((b"content-type", ctype))
-                    await ex.start_response(200, headers)
-                    await self._relay(ex, resp, first, wire.relay(ex))
+                    await ex.answer(ex.status, headers, body)
                     return
-                ex.status, body, ctype = wire.reply(ex, resp.status, first, ctype)
                 headers.append((b"content-type", ctype))
-                await ex.answer(ex.status, headers, body)
+                await ex.start_response(200, headers)
+                if self.continuation.enabled and ex.headers.get(_CONTINUE) not in _OFF:
+                    ex.transcript = []
+                relay = wire.relay(ex)
+                broken = await self._relay(ex, resp, first, relay, lease)
             finally:
-                if resp is not None:
-                    resp.release()
+                resp.release()
+        if broken is not None:
+            # The lease is given back: a continuation takes its own elsewhere.
+            failed = await self._continue(ex, broken)
+            if failed is not None:
+                await self._end(ex, relay.fail(failed))
+
+    async def _open(
+        self, ex: Exchange, lease: Lease, request: tuple[str, bytes]
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """Send `request` (path, body) to the lease's backend and wait for its first body
+        bytes (a whole answer when it does not stream); Retryable if that fails."""
+        entry = lease.entry
+        wire = entry.adapter
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            path, payload = request
+            resp = await self.session.post(
+                entry.url + path, data=payload, timeout=self.timeout,
+                headers=self._headers(ex, entry),
+            )  # fmt: skip
+            if resp.status in _REFUSED_CREDENTIALS:
+                await resp.read()
+                raise self._misconfigured(entry, resp.status)
+            if self.retry.retryable(resp.status) and resp.status not in wire.ambiguous:
+                refused = await resp.read()
+                # 408 and 429 say "busy", not "broken". A request that one engine answered
+                # with a 5xx already is suspect itself (a request that breaks every engine
+                # would otherwise eject them all): its next 5xx is not held against a backend.
+                if resp.status >= 500:
+                    ex.server_errors += 1
+                    if ex.server_errors == 1:
+                        self.registry.request_failed(entry, f"http_{resp.status}")
+                after = [(b"retry-after", v.encode())
+                         for v in resp.headers.getall(_RETRY_AFTER, [])]  # fmt: skip
+                raise Retryable(f"http_{resp.status}", resp.status,
+                                wire.refused(resp.status, refused), after)  # fmt: skip
+            if ex.stream and resp.status == 200:
+                async with asyncio.timeout(self.first_byte_timeout_s):
+                    first = await resp.content.readany()
+                if not first:
+                    raise Retryable("empty_stream")
+            else:
+                first = await resp.read()
+        except asyncio.CancelledError:
+            if resp is not None:
+                resp.release()
+            if lease.ejected:
+                lease.task.uncancel()
+                raise Retryable("ejected") from None
+            raise
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
+            if resp is not None:
+                resp.release()
+            self.registry.request_failed(entry, "connect")
+            raise Retryable(type(e).__name__) from e
+        except Retryable:
+            if resp is not None:
+                resp.release()
+            raise
+        # First byte in hand: from here on, the client gets what the engine says.
+        lease.first_byte(self.clock(), resp.close)
+        self.registry.request_succeeded(entry)
+        self.telemetry.child(self.telemetry.attempts, entry.url, "ok").inc()
+        return resp, first
+
+    def _misconfigured(self, entry: BackendEntry, status: int) -> Retryable:
+        """The engine refused the gateway's credentials: eject it, try elsewhere, and should
+        nothing else answer, tell the client it is the gateway's fault, not theirs."""
+        self.registry.request_failed(entry, "auth", fatal=True)
+        message = (
+            f"The gateway's backend {entry.url} refused the gateway's credentials (HTTP "
+            f"{status}): its api_key in the gateway's configuration is wrong or missing."
+        )
+        return Retryable("auth", 502, error_json(502, message))
 
     async def _relay(
-        self, ex: Exchange, resp: aiohttp.ClientResponse, first: bytes, relay: StreamRelay
-    ) -> None:
-        """The stream, chunk by chunk as the engine flushes it, timing the text as it passes."""
-        send, chunk = ex.send, first
+        self,
+        ex: Exchange,
+        resp: aiohttp.ClientResponse,
+        first: bytes,
+        relay: StreamRelay,
+        lease: Lease,
+    ) -> str | None:
+        """The stream, chunk by chunk as the engine flushes it, timing the text as it passes
+        and noting each chunk's arrival for the watchdog. Only whole SSE events go out, so a
+        stream that breaks can be ended or continued cleanly. None when the engine ended the
+        stream (it is finished then); why it broke otherwise (the caller ends it)."""
+        send, chunk, clock, transcript = ex.send, first, self.clock, ex.transcript
+        held, last = b"", b""
         try:
             while chunk:
+                lease.last_io = now = clock()
                 out, text = relay.feed(chunk)
                 if text:
-                    now = self.clock()
                     if ex.first_text_at is None:
                         ex.first_text_at = now
                     ex.last_text_at = now
+                if held or (out and not out.endswith(b"\n\n")):
+                    out, held = whole_events(held, out)
                 if out:
+                    if transcript is not None:
+                        transcript.append(out)
+                    last = out
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 chunk = await resp.content.readany()
             tail = relay.close()
+            if transcript is not None and not (last + tail).endswith(_DONE_EVENT):
+                raise aiohttp.ClientPayloadError("the stream ended before [DONE]")
         except (aiohttp.ClientError, TimeoutError) as e:
-            ex.midstream_error = type(e).__name__
-            log.warning("stream broke after first byte", extra={"fields": {
-                "request_id": ex.id, "backend": str(resp.url.origin()),
-                "error": ex.midstream_error}})  # fmt: skip
-            tail = relay.fail(f"upstream stream failed: {ex.midstream_error}")
+            self._count(ex, relay)
+            if lease.cut is not None:  # the gateway closed it (gateway.registry.Lease)
+                return self._broken(ex, lease, f"cut_{lease.cut}", _CUT_MESSAGES[lease.cut])
+            self.registry.request_failed(lease.entry, "midstream")
+            return self._broken(ex, lease, type(e).__name__, f"upstream stream failed: {e}")
         except asyncio.CancelledError:
             if ex.cut_reason is None:
                 raise  # the client went away: nothing to tell it
             _uncancel()
-            ex.midstream_error = "cut"
-            tail = relay.fail(ex.cut_reason)
-        ex.text_events, ex.output_tokens = relay.text_events, relay.completion_tokens
+            ex.midstream_error = "cut_gateway"
+            await self._end(ex, relay.fail(ex.cut_reason))
+            return None
+        self._count(ex, relay)
         if relay.engine_error and ex.midstream_error is None:
             ex.midstream_error = "engine_error"
+        await self._end(ex, tail)
+        return None
+
+    def _broken(self, ex: Exchange, lease: Lease, error: str, message: str) -> str:
+        ex.midstream_error = error
+        ex.failed_urls.add(lease.entry.url)
+        log.warning("stream broke after first byte", extra={"fields": {
+            "request_id": ex.id, "backend": lease.entry.url, "error": error}})  # fmt: skip
+        return message
+
+    @staticmethod
+    def _count(ex: Exchange, relay: StreamRelay) -> None:
+        """The stream's counts, for telemetry: a continuation's relay counts the whole."""
+        ex.text_events, ex.output_tokens = relay.text_events, relay.completion_tokens
+
+    @staticmethod
+    async def _end(ex: Exchange, tail: bytes) -> None:
         if tail:
-            await send({"type": "http.response.body", "body": tail, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+            await ex.send({"type": "http.response.body", "body": tail, "more_body": True})
+        await ex.send({"type": "http.response.body", "body": b""})
+
+    # -- continuation ----------------------------------------------------------------------
+    async def _continue(self, ex: Exchange, broken: str) -> str | None:
+        """Generate the rest of a broken stream elsewhere and splice it into the client's (at
+        most `max_continuations` times). None once a continuation ran to the end; otherwise
+        the message the stream ends with."""
+        while ex.transcript is not None and ex.continuations < self.continuation.max_continuations:
+            progress = replay(ex.transcript, ex.endpoint.chat)
+            body = continued_body(ex.data, ex.endpoint.chat, progress)
+            if body is None:
+                self.telemetry.child(self.telemetry.continuations, "impossible").inc()
+                return broken
+            request = (ex.endpoint.path, json.dumps(body).encode())
+            for backend in self._continuation_candidates(ex):
+                entry = self.registry.entry(backend.url)
+                ex.attempts += 1
+                with self.registry.lease(entry, ex.slo.tpot_s) as lease:
+                    try:
+                        resp, first = await self._open(ex, lease, request)
+                    except Retryable as e:
+                        self.attempt_failed(backend, e, ex.attempts)
+                        ex.failed_urls.add(backend.url)
+                        continue
+                    try:
+                        if resp.status != 200:  # refused for good (e.g. a 400): end here
+                            ex.failed_urls.add(backend.url)
+                            continue
+                        ex.continuations += 1
+                        self.telemetry.child(self.telemetry.continuations, "continued").inc()
+                        log.info("stream continued", extra={"fields": {
+                            "request_id": ex.id, "backend": backend.url,
+                            "tokens_before": progress.tokens, "continuation": ex.continuations,
+                        }})  # fmt: skip
+                        relay = SplicedRelay(entry.adapter.relay(ex), progress, ex.endpoint.chat)
+                        ex.midstream_error = None
+                        again = await self._relay(ex, resp, first, relay, lease)
+                    finally:
+                        resp.release()
+                if again is None:
+                    return None
+                broken = again
+                break  # broke again: replay what the client has now, and go on
+            else:
+                self.telemetry.child(self.telemetry.continuations, "failed").inc()
+                return broken
+        return broken
+
+    def _continuation_candidates(self, ex: Exchange) -> list[Backend]:
+        """The decision's candidates that can take the continuation: in rotation, not failed
+        for this request, speaking vLLM's API (the body is an OpenAI request), its own tier
+        first (the closest in speed)."""
+        tier = ex.backend.role if ex.backend is not None else None
+        usable = [
+            b for b in ex.decision.candidates
+            if b.url not in ex.failed_urls
+            and not (e := self.registry.entry(b.url)).live.ejected
+            and e.adapter.kind == "vllm"
+        ]  # fmt: skip
+        return sorted(usable, key=lambda b: b.role is not tier)
 
     async def _give_up(self, ex: Exchange, last: Retryable) -> None:
         headers = [(b"x-tiergate-attempts", str(ex.attempts).encode()), *ex.response_headers]

@@ -68,6 +68,9 @@ def demo_settings(policy: PolicyName = DEFAULT_POLICY) -> dict[str, Any]:
                    "latency_hard_cap": 8, "max_waiting": 3, "queue_deadline_s": 0.1},
         "retry": {"retry_statuses": [429, 500, 502, 503, 504], "budget_min_per_s": 1.0},
         "monitor": {"scrape_interval_s": 0.25, "probe_interval_s": 0.5},
+        # Ejections for failed requests as short as the demo's phases, so the latency engine
+        # is back (on probation) for its error phase after the failure burst ejected it.
+        "outlier": {"base_ejection_s": 1.0, "max_ejection_s": 3.0},
         "log_level": "warning",
     }  # fmt: skip
 

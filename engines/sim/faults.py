@@ -2,8 +2,9 @@
 
 By flag (`tiergate sim --fault-...`), at run time (`POST /sim/faults` with a JSON object of the
 fields below), or per request with the header `x-sim-fault`, a comma-separated list of:
-`error` (500 before any output), `error-mid` (the stream fails after its first chunk), `slow=S`
-(S extra seconds before the first token), `hang` (never answer), `crash` (the process exits).
+`error` (500, or `error_status`, before any output), `error-mid` (the stream fails after its
+first chunk), `slow=S` (S extra seconds before the first token), `hang` (never answer),
+`crash` (the process exits).
 
 The speculative acceptance (the vLLM face, on a profile with a `speculative` section) changes the
 same three ways, to simulate a workload that the draft model predicts better or worse:
@@ -44,7 +45,13 @@ class FaultRequest:
 class Faults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    error_rate: float = Field(0.0, ge=0, le=1, description="share of requests answered with 500")
+    error_rate: float = Field(
+        0.0, ge=0, le=1, description="share of requests answered with error_status"
+    )
+    error_status: int = Field(
+        500, ge=400, le=599, description="the status of those answers (e.g. 503 while /health"
+        " still answers 200: an engine that refuses work but looks alive)"
+    )
     slow_first_token_s: float = Field(0.0, ge=0, description="extra delay before first token")
     hang: bool = Field(False, description="the engine stops: requests are accepted, never answered")
     crash_after: int | None = Field(None, ge=1, description="exit after this many requests")

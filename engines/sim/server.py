@@ -236,7 +236,8 @@ class Simulator:
             log.warning("crash fault: exiting")
             os._exit(3)
         if fault.error:
-            raise ApiError(500, "Simulated engine failure (fault injection).")
+            status = self.cfg.faults.error_status
+            raise ApiError(status, f"Simulated engine failure, HTTP {status} (fault injection).")
         if fault.hang:
             await asyncio.Event().wait()
         if fault.slow_first_token_s:

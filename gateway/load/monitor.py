@@ -5,8 +5,10 @@ Every `scrape_interval_s` the monitor reads each backend's metrics page (through
 adapter's parser) and, every `probe_interval_s`, its health endpoint. A backend is ejected after
 `eject_after_failures` consecutive failed scrapes, at once when its health check answers
 non-200, and when it has work but its generated-token counter has not moved for `stall_after_s`
-(an engine that still answers /health and /metrics but produces nothing). Ejected backends are
+(an engine that still answers /health and /metrics but produces nothing). Backends down are
 probed every `probe_interval_s` and come back after one good probe that shows no stall.
+Backends ejected for their requests' outcomes (gateway.outlier) are still scraped, and come
+back through probation, not a probe: each round moves those whose ejection ran out.
 
 The I/O (`_fetch`) and the bookkeeping (`observe`, a pure function of the result and the time)
 are apart, so the rules are tested on a virtual clock.
@@ -103,15 +105,15 @@ class Monitor:
 
     # -- one round -------------------------------------------------------------------------
     def due(self, entry: BackendEntry, now: float) -> bool:
-        """Healthy backends every round; ejected ones when their next probe is due."""
+        """Backends up every round; those down when their next probe is due."""
         st = entry.live
-        if not st.ejected:
+        if not st.down:
             return True
         return now >= max(self._watch[entry.url].next_probe,
                           st.ejected_at + self.cfg.probe_interval_s)  # fmt: skip
 
     def health_due(self, entry: BackendEntry, now: float) -> bool:
-        return entry.live.ejected or now >= self._watch[entry.url].next_probe
+        return entry.live.down or now >= self._watch[entry.url].next_probe
 
     async def refresh(self) -> None:
         """Scrape every backend due, record what came back, publish it."""
@@ -120,6 +122,7 @@ class Monitor:
         results = await asyncio.gather(*(self._fetch(e, self.health_due(e, now)) for e in due))
         for entry, result in zip(due, results, strict=True):
             self.observe(entry, result, now)
+        self.registry.tick()
         self._publish(now)
         if self.learner is not None:
             self.learner.refresh()
@@ -153,7 +156,7 @@ class Monitor:
     ) -> None:
         """Record one scrape's result at `now`: load figures, or a failure; eject, re-admit."""
         w, st = self._watch[entry.url], entry.live
-        probing = st.ejected
+        probing = st.down
         if isinstance(result, ScrapeFailed):
             w.scrape_failures += 1
             w.next_probe = now + self.cfg.probe_interval_s

@@ -78,6 +78,7 @@ class VllmAdapter:
     label = "vLLM"
     health_path = "/health"
     restricts = False
+    ambiguous: frozenset[int] = frozenset()  # vLLM answers the client's mistakes with 4xx
 
     def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:
         return parse_vllm_metrics(text)

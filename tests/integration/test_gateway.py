@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -25,7 +25,8 @@ BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens":
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # golden-range: these tests check its fixed limits (the learned policy: test_learned.py).
     s = start_stack(tmp_path_factory.mktemp("stack"), speedup=10, policy={"name": "golden-range"},
-                    retry={"retry_statuses": [429, 500, 502, 503, 504]})  # fmt: skip
+                    retry={"retry_statuses": [429, 500, 502, 503, 504]},
+                    outlier={"base_ejection_s": 1.0})  # fmt: skip
     yield s
     s.stop()
 
@@ -152,6 +153,23 @@ def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
         httpx.post(bad.url + "/sim/faults", json={"error_rate": 0.0})
     fams = families(stack.gateway.url)
     assert total(fams, "tiergate_retries", "tiergate_retries_total", backend=bad.url) >= 1
+    view = _backend_view(stack, bad.url)
+    assert view["ejected_reason"] == "requests_http_500"
+    # Healthy again, it comes back through probation: one request at a time, three successes
+    # (the stack's outlier settings), after its ejection has run out.
+    def back() -> bool:
+        httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
+                   headers={"x-tiergate-tier": "throughput"})  # fmt: skip
+        view = _backend_view(stack, bad.url)
+        return view["ejected_reason"] is None and not view["probation"]
+
+    assert wait_until(back, timeout=10)
+
+
+def _backend_view(stack: Stack, url: str) -> dict[str, Any]:
+    state = httpx.get(stack.gateway.url + "/state").json()
+    (view,) = [b for b in state["backends"] if b["url"] == url]
+    return cast(dict[str, Any], view)
 
 
 def test_side_endpoints_and_metrics(stack: Stack) -> None:

@@ -120,12 +120,12 @@ def test_a_good_scrape_sets_the_load_routing_reads() -> None:
     assert reg.snapshot().load(URL).stale
 
 
-def test_ejected_backends_are_scraped_only_when_their_probe_is_due() -> None:
+def test_backends_down_are_scraped_only_when_their_probe_is_due() -> None:
     mon, reg, clock = build()
     entry = reg.entry(URL)
     assert mon.due(entry, 0.0)
     clock.now = 10.0
-    reg.eject(entry, "requests_connect")  # by a request, between rounds
+    reg.eject(entry, "scrape_health 503")  # down, between rounds
     assert not mon.due(entry, 10.25)
     assert not mon.due(entry, 11.9)
     assert mon.due(entry, 12.0)

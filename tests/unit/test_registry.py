@@ -24,7 +24,7 @@ class Clock:
         return self.now
 
 
-def registry(clock: Clock | None = None, **monitor: Any) -> Registry:
+def registry(clock: Clock | None = None, **outlier: Any) -> Registry:
     pool = [{"url": T1, "models": ["m"]}, {"url": T2, "models": ["m", "other"]},
             {"url": TRITON, "models": ["m"], "kind": "triton"}]  # fmt: skip
     settings = Settings(
@@ -32,8 +32,10 @@ def registry(clock: Clock | None = None, **monitor: Any) -> Registry:
             {"name": "eagle", "role": "latency", "backends": [{"url": LAT, "models": ["m"]}]},
             {"name": "awq", "role": "throughput", "backends": pool},
         ],
-        monitor={"scrape_interval_s": 0.25, "eject_after_failures": 3, **monitor},
-    )
+        monitor={"scrape_interval_s": 0.25},
+        outlier={"consecutive_failures": 3, "base_ejection_s": 5, "max_ejection_s": 60,
+                 "trial_successes": 3, **outlier},
+    )  # fmt: skip
     return Registry(settings, MemoryInflightStore(), Telemetry(), clock or Clock())
 
 
@@ -100,7 +102,7 @@ async def test_exiting_a_lease_twice_releases_once() -> None:
 # -- ejection ----------------------------------------------------------------------------------
 
 
-async def test_ejection_moves_the_attempts_still_waiting_for_a_first_byte() -> None:
+async def test_ejection_moves_the_attempts_waiting_for_a_first_byte_and_cuts_streams() -> None:
     reg = registry()
     entry = reg.entry(T1)
     outcome: dict[str, str] = {}
@@ -109,12 +111,14 @@ async def test_ejection_moves_the_attempts_still_waiting_for_a_first_byte() -> N
     async def attempt(name: str, first_byte: bool) -> None:
         with reg.lease(entry) as lease:
             if first_byte:
-                lease.first_byte()
+                me = asyncio.current_task()
+                assert me is not None
+                lease.first_byte(0.0, me.cancel)  # the relay's read fails: here, a cancel
             try:
                 await answered.wait()
                 outcome[name] = "finished"
             except asyncio.CancelledError:
-                outcome[name] = "moved on" if lease.ejected else "cancelled"
+                outcome[name] = "moved on" if lease.ejected else f"cut: {lease.cut}"
                 raise
 
     waiting = asyncio.create_task(attempt("waiting", first_byte=False))
@@ -123,10 +127,42 @@ async def test_ejection_moves_the_attempts_still_waiting_for_a_first_byte() -> N
     reg.eject(entry, "stalled")
     answered.set()
     await asyncio.gather(waiting, streaming, return_exceptions=True)
-    assert outcome == {"waiting": "moved on", "streaming": "finished"}
+    assert outcome == {"waiting": "moved on", "streaming": "cut: ejected"}
     assert reg.store.counts() == {}
     assert entry.live.ejected
     assert entry.live.eject_reason == "stalled"
+    assert not entry.waiting
+    assert not entry.streaming
+
+
+async def test_silent_streams_are_cut_and_count_as_failures() -> None:
+    reg = registry()
+    entry = reg.entry(T1)
+    cuts: dict[str, str | None] = {}
+    started = asyncio.Event()
+
+    async def stream(name: str, last_io: float) -> None:
+        with reg.lease(entry) as lease:
+            me = asyncio.current_task()
+            assert me is not None
+            lease.first_byte(last_io, me.cancel)
+            started.set()
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cuts[name] = lease.cut
+                raise
+
+    tasks = [asyncio.create_task(stream("silent", 1.0)), asyncio.create_task(stream("busy", 9.0))]
+    await started.wait()
+    await asyncio.sleep(0)
+    assert reg.cut_idle(now=10.0, idle_s=2.5) == 1  # 9 s silent against 1 s
+    assert reg.cut_idle(now=10.0, idle_s=2.5) == 0  # already cut: not twice
+    await asyncio.wait(tasks, timeout=0.1)
+    assert cuts == {"silent": "idle"}
+    assert entry.outlier.failed_now == 1
+    tasks[1].cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_the_attempt_whose_failure_ejects_is_not_cancelled() -> None:
@@ -161,15 +197,90 @@ def test_consecutive_request_failures_eject(events: list[str], ejected: bool) ->
     assert not reg.entry(T1).live.ejected
 
 
-def test_readmission_clears_the_failures_and_wakes_waiters() -> None:
+def test_a_good_probe_readmits_a_backend_down_but_not_one_ejected_for_its_outcomes() -> None:
     reg = registry()
-    entry = reg.entry(T1)
+    down, failing = reg.entry(T1), reg.entry(LAT)
+    reg.eject(down, "scrape_health 503")
     for _ in range(3):
-        reg.request_failed(entry, "connect")
-    assert T1 not in {b for b, load in reg.snapshot().loads.items() if load.healthy}
-    reg.readmit(entry)
+        reg.request_failed(failing, "http_503")
+    healthy = {u for u, load in reg.snapshot().loads.items() if load.healthy}
+    assert healthy == {T2, TRITON}
+    reg.readmit(down)
+    reg.readmit(failing)  # its health was never the problem: it answers 200, and 503 to work
     assert reg.snapshot().load(T1).healthy
-    assert entry.live.request_failures == 0
+    assert not reg.snapshot().load(LAT).healthy
+
+
+def _run_probation(reg: Registry, clock: Clock, outcomes: str) -> list[str]:
+    """Eject LAT for its outcomes, then after each letter of `outcomes` (o: ok, f: failed,
+    t: 5 s pass), what routing sees: out, trial (one request at a time), in."""
+    entry = reg.entry(LAT)
+    for _ in range(3):
+        reg.request_failed(entry, "http_503")
+    seen = []
+    for c in outcomes:
+        if c == "t":
+            clock.now += 5
+            reg.tick()
+        elif c == "o":
+            reg.request_succeeded(entry)
+        else:
+            reg.request_failed(entry, "http_503")
+        load = reg.snapshot().load(LAT)
+        if not load.healthy:
+            seen.append("out")
+        else:
+            reg.store.acquire(LAT)
+            entry.busy += 1  # a lease of ours is there now
+            seen.append("trial" if not reg.snapshot().load(LAT).healthy else "in")
+            entry.busy -= 1
+            reg.store.release(LAT)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "seen"),
+    [
+        # out for 5 s, then on probation; three successes put it back in full rotation
+        ("tooo", ["trial", "trial", "trial", "in"]),
+        # a failure on probation ejects it again, for twice as long (10 s)
+        ("tof", ["trial", "trial", "out"]),
+        ("toftt", ["trial", "trial", "out", "out", "trial"]),
+    ],
+)
+def test_probation_after_an_ejection_lets_one_request_through_at_a_time(
+    outcomes: str, seen: list[str]
+) -> None:
+    clock = Clock()
+    reg = registry(clock)
+    assert _run_probation(reg, clock, outcomes) == seen
+
+
+def test_no_more_than_the_share_of_a_tier_is_ejected_for_its_outcomes() -> None:
+    reg = registry(max_ejected_share=0.5)
+    for url in (T1, T2):  # a pool of 3: one may go (the first always may), two may not
+        for _ in range(3):
+            reg.request_failed(reg.entry(url), "http_500")
+    assert reg.entry(T1).live.ejected
+    assert not reg.entry(T2).live.ejected
+    reg.eject(reg.entry(T2), "stalled")  # the load monitor's ejections are not capped
+    assert reg.entry(T2).live.ejected
+
+
+def test_an_ejected_backend_load_is_unknown() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    st = reg.entry(T1).live
+    st.running, st.waiting, st.scraped_at = 5, 2, clock.now
+    reg.eject(reg.entry(T1), "stalled")
+    load = reg.snapshot().load(T1)
+    assert (load.running, load.waiting, load.stale) == (0, 0, True)
+
+
+def test_credentials_refused_eject_at_once() -> None:
+    reg = registry()
+    reg.request_failed(reg.entry(T1), "auth", fatal=True)
+    assert reg.entry(T1).live.eject_reason == "requests_auth"
 
 
 # -- the snapshot ------------------------------------------------------------------------------

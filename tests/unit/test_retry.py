@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.retry import Retryable, RetryBudget, RetryExecutor
+from gateway.retry import Retryable, RetryBudget, RetryExecutor, within
 from gateway.routing import Backend, Role
 from gateway.settings import RetryConfig
 
@@ -29,10 +29,14 @@ class Clock:
 class Hooks:
     def __init__(self) -> None:
         self.failed: list[tuple[str, str, int]] = []
+        self.retried: list[tuple[str, str]] = []
         self.exhausted = 0
 
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None:
         self.failed.append((backend.url, error.reason, attempt))
+
+    def retrying(self, failed: Backend, error: Retryable) -> None:
+        self.retried.append((failed.url, error.reason))
 
     def budget_exhausted(self) -> None:
         self.exhausted += 1
@@ -94,6 +98,29 @@ def test_candidates_in_order_until_one_answers(
     assert (failed.reason if failed else None) == last
     assert [f[0] for f in hooks.failed] == [u for u in tried if outcomes.get(u)]
     assert [f[2] for f in hooks.failed] == list(range(1, len(hooks.failed) + 1))
+    # A retry is counted when the next attempt starts, not for the last failure
+    assert hooks.retried == [(u, outcomes[u]) for u in tried[:-1]]
+
+
+def _mixed(roles: str) -> list[Backend]:
+    return [Backend(f"http://{r}{i}", r, Role.LATENCY if r == "l" else Role.THROUGHPUT,
+                    frozenset({"m"})) for i, r in enumerate(roles)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("roles", "limit", "kept"),
+    [
+        ("ttttl", 3, "ttl"),  # the other tier keeps the last place
+        ("tttlt", 3, "ttl"),
+        ("ttlt", 3, "ttl"),  # already there
+        ("tttt", 3, "ttt"),  # no other tier
+        ("ltttt", 2, "lt"),
+        ("tl", 3, "tl"),
+        ("ttttl", 1, "t"),  # one attempt: the policy's first choice, nothing else
+    ],
+)
+def test_the_attempts_keep_a_candidate_of_each_tier(roles: str, limit: int, kept: str) -> None:
+    assert "".join(b.tier for b in within(_mixed(roles), limit)) == kept
 
 
 def test_no_candidate_is_a_failure_not_a_success() -> None:
