@@ -195,6 +195,7 @@ class Readiness(BaseModel):
     ready: bool = Field(description="Every model has at least one backend in rotation.")
     models: dict[str, bool]
     state_store: Literal["ok", "degraded"]
+    draining: bool = Field(default=False, description="Shutting down: finishing what it has.")
 
 
 class CurvePoint(BaseModel):

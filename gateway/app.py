@@ -344,11 +344,9 @@ def create_app(settings: Settings) -> GatewayApp:
             ready=gw.registry.models <= up and not gw.drain.draining,
             models={m: m in up for m in sorted(gw.registry.models)},
             state_store="ok" if gw.store.healthy else "degraded",
+            draining=gw.drain.draining,
         )
-        doc = body.model_dump()
-        if gw.drain.draining:
-            doc["draining"] = True
-        return JSONResponse(doc, status_code=200 if body.ready else 503)
+        return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
     @app.get("/state", tags=["Operations"])
     async def state(request: Request) -> api.GatewayState:

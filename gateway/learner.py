@@ -84,6 +84,10 @@ class Learner:
     def finished(self, ex: Exchange) -> None:
         """A relayed stream, if it ran to its end: TTFT at the load it joined, TPOT at the
         mean load while it decoded."""
+        if ex.hedged is not None:  # the slow backend it left: a TTFT it has at least
+            url, load, waited = ex.hedged
+            self.models[url].observe_request(self.clock(), None, (max(1, load), waited))
+            self._dirty.add(url)
         b, ttft, tpot = ex.backend, ex.ttft, ex.tpot
         if b is None or ex.status != 200 or ttft is None or ex.midstream_error:
             return

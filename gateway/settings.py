@@ -39,6 +39,8 @@ from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams
 __all__ = [
     "BackendConfig",
     "ConfigError",
+    "ContinuationConfig",
+    "HedgeConfig",
     "MonitorConfig",
     "OutlierConfig",
     "PolicyConfig",
@@ -222,6 +224,16 @@ class OutlierConfig(_Model):
         return self
 
 
+class HedgeConfig(_Model):
+    """Hedging a slow first token (gateway.hedge): past `factor` times the TTFT predicted for
+    its backend (`min_s` at least), a stream is also sent to the next candidate; the first to
+    answer serves it."""
+
+    enabled: bool = True
+    factor: float = Field(default=3.0, ge=1)
+    min_s: float = Field(default=1.0, gt=0)
+
+
 class ContinuationConfig(_Model):
     """Mid-stream continuation (gateway.continuation): a stream that breaks after its first
     byte is continued on another backend; a client opts out with `x-tiergate-continue: off`."""
@@ -258,9 +270,14 @@ class ShutdownConfig(_Model):
     new requests are still served for `pre_stop_delay_s` (load balancers take a moment to
     notice); then the listener closes and requests in flight get `drain_timeout_s` to finish.
     Those still running then end cleanly: a 503, or a stream's SSE error event and [DONE].
-    A second signal skips what is left of both waits."""
+    A second signal skips what is left of both waits.
 
-    pre_stop_delay_s: float = Field(default=5.0, ge=0, le=3600)
+    The pre-stop delay is 0 by default: Kubernetes waits in the pod's preStop hook instead
+    (deploy/k8s), and a gateway with nothing balancing in front of it (Compose, `tiergate up`,
+    tests) has no one to wait for. Behind a load balancer without such a hook, set it to the
+    time the balancer takes to notice /ready (e.g. 5 s)."""
+
+    pre_stop_delay_s: float = Field(default=0.0, ge=0, le=3600)
     drain_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
 
 
@@ -312,6 +329,7 @@ class Settings(BaseSettings):
     monitor: MonitorConfig = MonitorConfig()
     outlier: OutlierConfig = OutlierConfig()
     continuation: ContinuationConfig = ContinuationConfig()
+    hedge: HedgeConfig = HedgeConfig()
     slo: SloConfig = SloConfig()
     learning: LearningConfig = LearningConfig()
     # Hidden from repr: a Redis URL may carry a password.

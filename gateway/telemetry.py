@@ -153,6 +153,13 @@ class Telemetry:
             ("outcome",),
             registry=r,
         )
+        self.hedges = Counter(
+            "tiergate_hedges",
+            "Streams whose first token was late, sent to a second backend too: won (the hedge"
+            " answered first) or lost (the slow one did).",
+            ("outcome",),
+            registry=r,
+        )
         self.midstream_errors = Counter(
             "tiergate_midstream_errors",
             "Streams that failed after the first byte.",

@@ -20,12 +20,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
 from gateway.continuation import SplicedRelay, continued_body, replay, whole_events
 from gateway.errors import error_json
 from gateway.exchange import Exchange
+from gateway.hedge import hedge_after, hedge_backend
 from gateway.registry import BackendEntry, Lease, Registry
 from gateway.retry import Retryable, RetryExecutor
 from gateway.routing import Backend, Decision
@@ -77,6 +79,7 @@ class Upstream:
             session, registry, telemetry, clock)  # fmt: skip
         self.retry = RetryExecutor(settings.retry, self)
         self.continuation = settings.continuation
+        self.hedge = settings.hedge
         self.watchdog = StreamWatchdog(registry, settings.stream_idle_timeout_s, clock)
         self.first_byte_timeout_s = settings.retry.first_byte_timeout_s
         self.timeout = aiohttp.ClientTimeout(
@@ -131,9 +134,11 @@ class Upstream:
         entry = self.registry.entry(backend.url)
         wire = entry.adapter
         ex.attempts += 1
-        with self.registry.lease(entry, ex.slo.tpot_s) as lease:
+        with self.registry.lease(entry, ex.slo.tpot_s) as primary:
             ex.joined_at_load = entry.busy  # this attempt included
-            resp, first = await self._open(ex, lease, wire.request(ex, entry.config))
+            lease, resp, first = await self._open(ex, primary, wire.request(ex, entry.config))
+            if lease is not primary:  # a hedge answered first: it serves the request
+                backend, entry, wire = lease.entry.backend, lease.entry, lease.entry.adapter
             try:
                 ex.backend, ex.status = backend, resp.status
                 ex.busy_mark = entry.busy_mark(self.registry.clock())
@@ -157,6 +162,7 @@ class Upstream:
                 broken = await self._relay(ex, resp, first, relay, lease)
             finally:
                 resp.release()
+                lease.__exit__(None, None, None)  # the hedge's, if it won (a no-op otherwise)
         if broken is not None:
             # The lease is given back: a continuation takes its own elsewhere.
             failed = await self._continue(ex, broken)
@@ -164,10 +170,12 @@ class Upstream:
                 await self._end(ex, relay.fail(failed))
 
     async def _open(
-        self, ex: Exchange, lease: Lease, request: tuple[str, bytes]
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        self, ex: Exchange, lease: Lease, request: tuple[str, bytes], hedge: bool = True
+    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
         """Send `request` (path, body) to the lease's backend and wait for its first body
-        bytes (a whole answer when it does not stream); Retryable if that fails."""
+        bytes (a whole answer when it does not stream); Retryable if that fails. A stream
+        slow to start is hedged (gateway.hedge) unless `hedge` is False: the lease, response
+        and bytes returned are then the first to answer."""
         entry = lease.entry
         wire = entry.adapter
         resp: aiohttp.ClientResponse | None = None
@@ -194,8 +202,9 @@ class Upstream:
                 raise Retryable(f"http_{resp.status}", resp.status,
                                 wire.refused(resp.status, refused), after)  # fmt: skip
             if ex.stream and resp.status == 200:
-                async with asyncio.timeout(self.first_byte_timeout_s):
-                    first = await resp.content.readany()
+                winner, resp, first = await self._first_bytes(ex, lease, resp, hedge)
+                if winner is not lease:
+                    return winner, resp, first
                 if not first:
                     raise Retryable("empty_stream")
             else:
@@ -220,7 +229,93 @@ class Upstream:
         lease.first_byte(self.clock(), resp.close)
         self.registry.request_succeeded(entry)
         self.telemetry.child(self.telemetry.attempts, entry.url, "ok").inc()
-        return resp, first
+        return lease, resp, first
+
+    async def _first_bytes(
+        self, ex: Exchange, lease: Lease, resp: aiohttp.ClientResponse, hedge: bool
+    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+        """A stream's first bytes, hedged past the deadline when `hedge` allows and another
+        candidate can take it."""
+        entry, limit = lease.entry, self.first_byte_timeout_s
+        after = hedge_after(self.hedge, self.registry.curves.get(entry.url), entry.busy)
+        if hedge and after is not None and after < limit:
+            try:
+                async with asyncio.timeout(after):
+                    return lease, resp, await resp.content.readany()
+            except TimeoutError:
+                unusable = ex.failed_urls | {u for u, e in self.registry.entries.items()
+                                             if e.live.ejected}  # fmt: skip
+                other = hedge_backend(ex.decision.candidates, entry.url, unusable)
+                if other is not None:
+                    return await self._hedge(ex, lease, resp, (other, limit - after))
+                limit -= after
+        async with asyncio.timeout(limit):
+            return lease, resp, await resp.content.readany()
+
+    async def _hedge(
+        self,
+        ex: Exchange,
+        lease: Lease,
+        resp: aiohttp.ClientResponse,
+        to: tuple[Backend, float],
+    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+        """Race the slow stream against the same request on `to` (a backend, and the seconds
+        left): the first bytes to arrive win; the loser is closed and its lease given back.
+        The slow backend's wait so far teaches the latency model a TTFT it at least has."""
+        backend, left = to
+        started = self.clock()
+        ex.attempts += 1
+        ex.hedged = (lease.entry.url, lease.entry.busy, started - ex.started)
+        log.info("slow first token: hedging", extra={"fields": {
+            "request_id": ex.id, "slow": lease.entry.url, "hedge": backend.url}})  # fmt: skip
+        slow = asyncio.ensure_future(resp.content.readany())
+        fast = asyncio.ensure_future(self._hedge_attempt(ex, backend))
+        pending: set[asyncio.Future[Any]] = {slow, fast}
+        took_fast = False
+        try:
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending, timeout=left - (self.clock() - started),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )  # fmt: skip
+                if not done:
+                    raise TimeoutError
+                if slow in done and slow.exception() is None and slow.result():
+                    self._hedge_outcome("lost")
+                    return lease, resp, slow.result()
+                if fast in done and fast.exception() is None:
+                    took_fast = True
+                    self._hedge_outcome("won")
+                    resp.close()
+                    lease.__exit__(None, None, None)
+                    won: tuple[Lease, aiohttp.ClientResponse, bytes] = fast.result()
+                    return won
+            error = slow.exception() or fast.exception()
+            raise error if error is not None else Retryable("empty_stream")
+        finally:
+            for f in (slow, fast):
+                f.cancel()
+            await asyncio.gather(slow, fast, return_exceptions=True)
+            if not took_fast and not fast.cancelled() and fast.exception() is None:
+                hedge_lease, hedge_resp, _ = fast.result()  # answered, but second: close it
+                hedge_resp.close()
+                hedge_lease.__exit__(None, None, None)
+
+    async def _hedge_attempt(
+        self, ex: Exchange, backend: Backend
+    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+        """The hedge's own attempt, in a task of its own (so its lease is cancelled alone if
+        its backend is ejected); its lease outlives the task when it wins."""
+        entry = self.registry.entry(backend.url)
+        lease = self.registry.lease(entry, ex.slo.tpot_s).__enter__()
+        try:
+            return await self._open(ex, lease, entry.adapter.request(ex, entry.config), False)
+        except BaseException:
+            lease.__exit__(None, None, None)
+            raise
+
+    def _hedge_outcome(self, outcome: str) -> None:
+        self.telemetry.child(self.telemetry.hedges, outcome).inc()
 
     def _misconfigured(self, entry: BackendEntry, status: int) -> Retryable:
         """The engine refused the gateway's credentials: eject it, try elsewhere, and should
@@ -319,7 +414,7 @@ class Upstream:
                 ex.attempts += 1
                 with self.registry.lease(entry, ex.slo.tpot_s) as lease:
                     try:
-                        resp, first = await self._open(ex, lease, request)
+                        _, resp, first = await self._open(ex, lease, request, False)
                     except Retryable as e:
                         self.attempt_failed(backend, e, ex.attempts)
                         ex.failed_urls.add(backend.url)

@@ -251,3 +251,38 @@ def test_a_client_can_opt_out_of_continuation(slow_pool: Stack) -> None:
     for backend, text in asyncio.run(run()):
         events = _events(text)
         assert ("error" in events[-1]) is (backend == victim.url)
+
+
+def test_a_slow_first_token_is_hedged_and_the_slow_engine_avoided(stack: Stack) -> None:
+    """One engine takes 5 s more to start each answer: a stream waits for it at most the hedge
+    deadline (1 s at least), and the latency model learns to keep streams away from it."""
+    slow = stack.throughput[0]
+    httpx.post(slow.url + "/sim/faults", json={"slow_first_token_s": 5.0}).raise_for_status()
+
+    async def run() -> list[tuple[str, float]]:
+        async with httpx.AsyncClient(timeout=30) as c:
+
+            async def one() -> tuple[str, float]:
+                t0 = time.monotonic()
+                body = BODY | {"stream": True}
+                async with c.stream("POST", stack.gateway.url + "/v1/completions", json=body,
+                                    headers={"x-tiergate-tier": "throughput"}) as r:  # fmt: skip
+                    ttft = None
+                    async for _ in r.aiter_bytes():
+                        ttft = ttft or time.monotonic() - t0
+                assert ttft is not None
+                return r.headers["x-tiergate-backend"], ttft
+
+            out = []
+            for _ in range(6):  # waves of 4 at once
+                out += await asyncio.gather(*(one() for _ in range(4)))
+            return out
+
+    results = asyncio.run(run())
+    assert max(t for _, t in results) < 2.5  # never the 5 s: the hedge answered after ~1 s
+    assert {b for b, _ in results} == {stack.throughput[1].url}
+    gw = stack.gateway.url
+    won = metric(gw, "tiergate_hedges", "tiergate_hedges_total", outcome="won")
+    assert won >= 1
+    # Once it has learned, the slow engine gets (almost) nothing: fewer hedges than waves.
+    assert won < len(results) / 2

@@ -23,7 +23,7 @@ EXIT_MARGIN_S = 5
 
 def test_defaults() -> None:
     s = Settings()
-    assert (s.shutdown.pre_stop_delay_s, s.shutdown.drain_timeout_s) == (5.0, 120.0)
+    assert (s.shutdown.pre_stop_delay_s, s.shutdown.drain_timeout_s) == (0.0, 120.0)
     assert s.server.max_header_bytes == 16_384
     assert (s.server.header_timeout_s, s.server.body_timeout_s) == (10.0, 30.0)
     assert (s.server.keepalive_timeout_s, s.server.max_connections) == (5.0, 1000)
