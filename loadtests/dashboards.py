@@ -122,6 +122,9 @@ class Scenario:
     v4_error_rate: float = 0.3
     # v3-b is killed while it streams (mid-stream errors, `up` 0), then started again.
     outage: tuple[float, float] | None = (0.44, 0.58)
+    # v3-a starts its answers this late for a while: its slow first tokens are hedged.
+    slow: tuple[float, float] = (0.62, 0.72)
+    slow_first_token_s: float = 2.0
     # Every so often a request that fails: invalid JSON, unknown model, over-long max_tokens,
     # or an engine error on every attempt.
     sprinkle_s: float = 1.0
@@ -251,7 +254,15 @@ async def drive(stack: Stack, sc: Scenario, tick: Callable[[float], None] | None
                 for task in streams:
                     task.cancel()
 
-        events: list[Awaitable[None]] = [burst(), v4_errors()]
+        async def slow() -> None:
+            v3a = stack.throughput[0].url
+            await at(sc.slow[0])
+            log.marks.append((time.time(), f"v3-a {sc.slow_first_token_s:g} s late"))
+            await _set_faults(session, v3a, {"slow_first_token_s": sc.slow_first_token_s})
+            await at(sc.slow[1])
+            await _set_faults(session, v3a, {"slow_first_token_s": 0.0})
+
+        events: list[Awaitable[None]] = [burst(), v4_errors(), slow()]
         if sc.outage is not None:
             events.append(outage(*sc.outage))
         background = [asyncio.ensure_future(e) for e in events]
@@ -630,7 +641,8 @@ def _readme(
                        for i, p in enumerate(sc.phases))  # fmt: skip
     images = "\n".join(f"- `{name}.png`: `grafana/dashboards/{name}.json`, {len(d)} panels, "
                        f"{sum(d.values())} series" for name, d in drawn.items())  # fmt: skip
-    pct = [round(f * 100) for f in (sc.burst_at, *sc.v4_errors, *(sc.outage or (0, 0)))]
+    pct = [round(f * 100) for f in (sc.burst_at, *sc.v4_errors, *(sc.outage or (0, 0)),
+                                    *sc.slow)]  # fmt: skip
     k = demo_settings()["policy"]
     golden = (f"`latency_max_concurrency` {k['latency_max_concurrency']}, hard cap "
               f"{k['latency_hard_cap']}, `max_waiting` {k['max_waiting']}, queue deadline "
@@ -665,8 +677,10 @@ tiergate bench dashboards --out docs/dashboards --seconds {seconds:g} --speedup 
 4. Faults, at fixed points of the run (dotted vertical lines): a burst of {sc.burst} requests
    that fail on every engine at {pct[0]}% (retries past the budget, ejections); the v4 engine
    failing {sc.v4_error_rate:.0%} of its requests from {pct[1]}% to {pct[2]}% (failovers to the
-   throughput tier); v3-b killed while it streams at {pct[3]}% and started again at {pct[4]}%;
-   and, every {sc.sprinkle_s:g} s, one request with invalid JSON, an unknown model, an
+   throughput tier); v3-b killed while it streams at {pct[3]}% and started again at {pct[4]}%
+   (its streams continue on the other engines); v3-a starting its answers
+   {sc.slow_first_token_s:g} s late from {pct[5]}% to {pct[6]}% (hedged first tokens); and,
+   every {sc.sprinkle_s:g} s, one request with invalid JSON, an unknown model, an
    over-long `max_tokens` or an engine error.
 5. Every panel target of every dashboard is queried with `query_range` (step {step:g} s,
    `$__rate_interval` = {rate_interval}, template variables at "All") and drawn in the
