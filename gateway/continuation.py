@@ -222,5 +222,5 @@ class SplicedRelay:
     def close(self) -> bytes:
         return self.splicer.feed(self.inner.close())
 
-    def fail(self, message: str) -> bytes:
-        return self.inner.fail(message)
+    def fail(self, message: str, status: int = 502) -> bytes:
+        return self.inner.fail(message, status)

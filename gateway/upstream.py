@@ -371,7 +371,7 @@ class Upstream:
                 raise  # the client went away: nothing to tell it
             _uncancel()
             ex.midstream_error = "cut_gateway"
-            await self._end(ex, relay.fail(ex.cut_reason))
+            await self._end(ex, relay.fail(ex.cut_reason, 503))
             return None
         self._count(ex, relay)
         if relay.engine_error and ex.midstream_error is None:

@@ -46,8 +46,9 @@ class StreamRelay(Protocol):
         """The end of a stream the engine closed normally."""
         ...
 
-    def fail(self, message: str) -> bytes:
-        """The end of a stream cut by the transport: an error event, then [DONE]."""
+    def fail(self, message: str, status: int = 502) -> bytes:
+        """The end of a stream cut short: an error event with `status` (502: the engine's
+        side failed; 503: the gateway is shutting down), then [DONE]."""
         ...
 
 

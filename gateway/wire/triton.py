@@ -372,9 +372,9 @@ class StreamTranslator:
         self.error = message
         return _sse(error_body(500, message))
 
-    def fail(self, message: str) -> bytes:
-        """The end of a stream cut by the transport: an error event (vLLM's shape), [DONE]."""
-        return (b"" if self.error else sse_error(message)) + DONE
+    def fail(self, message: str, status: int = 502) -> bytes:
+        """The end of a stream cut short: an error event (vLLM's shape), [DONE]."""
+        return (b"" if self.error else sse_error(message, status)) + DONE
 
     def close(self) -> bytes:
         """The end of a stream that Triton closed: the finish reason if it never came, usage
@@ -418,8 +418,8 @@ class _Relay:
     def close(self) -> bytes:
         return self.tr.close()
 
-    def fail(self, message: str) -> bytes:
-        return self.tr.fail(message)
+    def fail(self, message: str, status: int = 502) -> bytes:
+        return self.tr.fail(message, status)
 
 
 _CHAT = Incompatible(

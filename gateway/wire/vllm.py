@@ -69,8 +69,8 @@ class VllmRelay:
     def close(self) -> bytes:
         return b""  # vLLM ends its streams itself, [DONE] included
 
-    def fail(self, message: str) -> bytes:
-        return sse_error(message) + DONE
+    def fail(self, message: str, status: int = 502) -> bytes:
+        return sse_error(message, status) + DONE
 
 
 class VllmAdapter:

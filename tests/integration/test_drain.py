@@ -176,6 +176,7 @@ async def test_streams_past_the_drain_timeout_end_with_an_error_event(
         error = json.loads(events[-2])["error"]
         assert "shutting down" in error["message"]
         assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == 503  # the gateway's own unavailability, not an engine's failure
         assert 0 < words(events) < 3000
     # A request not answered yet is answered 503 in OpenAI's shape.
     assert whole.status_code == 503
