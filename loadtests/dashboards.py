@@ -231,13 +231,14 @@ async def drive(stack: Stack, sc: Scenario, tick: Callable[[float], None] | None
             )
             log.statuses.update(f"burst {s}" for s in got)
 
-        async def v4_errors() -> None:
-            v4 = stack.latency[0].url
-            await at(sc.v4_errors[0])
-            log.marks.append((time.time(), f"v4 fails {sc.v4_error_rate:.0%}"))
-            await _set_faults(session, v4, {"error_rate": sc.v4_error_rate})
-            await at(sc.v4_errors[1])
-            await _set_faults(session, v4, {"error_rate": 0.0})
+        async def faulty(url: str, span: tuple[float, float], fault: dict[str, float],
+                         mark: str) -> None:  # fmt: skip
+            """`fault` on the engine at `url` for `span` of the run; cleared after."""
+            await at(span[0])
+            log.marks.append((time.time(), mark))
+            await _set_faults(session, url, fault)
+            await at(span[1])
+            await _set_faults(session, url, dict.fromkeys(fault, 0.0))
 
         async def outage(kill_at: float, back_at: float) -> None:
             victim = stack.throughput[-1]
@@ -254,15 +255,14 @@ async def drive(stack: Stack, sc: Scenario, tick: Callable[[float], None] | None
                 for task in streams:
                     task.cancel()
 
-        async def slow() -> None:
-            v3a = stack.throughput[0].url
-            await at(sc.slow[0])
-            log.marks.append((time.time(), f"v3-a {sc.slow_first_token_s:g} s late"))
-            await _set_faults(session, v3a, {"slow_first_token_s": sc.slow_first_token_s})
-            await at(sc.slow[1])
-            await _set_faults(session, v3a, {"slow_first_token_s": 0.0})
-
-        events: list[Awaitable[None]] = [burst(), v4_errors(), slow()]
+        events: list[Awaitable[None]] = [
+            burst(),
+            faulty(stack.latency[0].url, sc.v4_errors, {"error_rate": sc.v4_error_rate},
+                   f"v4 fails {sc.v4_error_rate:.0%}"),
+            faulty(stack.throughput[0].url, sc.slow,
+                   {"slow_first_token_s": sc.slow_first_token_s},
+                   f"v3-a {sc.slow_first_token_s:g} s late"),
+        ]  # fmt: skip
         if sc.outage is not None:
             events.append(outage(*sc.outage))
         background = [asyncio.ensure_future(e) for e in events]
