@@ -300,6 +300,86 @@ def bench_triton(
                 out=out))  # fmt: skip
 
 
+def _scenarios(names: list[str] | None) -> list[str] | None:
+    from loadtests.chaos import SCENARIO_NAMES
+
+    unknown = [n for n in names or () if n not in SCENARIO_NAMES]
+    if unknown:
+        choices = ", ".join(SCENARIO_NAMES)
+        raise typer.BadParameter(f"unknown {', '.join(unknown)}; choose from {choices}")
+    return names
+
+
+@bench.command("chaos")
+def bench_chaos(
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_scenarios,
+            help="Scenario to run; repeat for several (default all, in this order): healthy "
+            "(no fault: the TTFT reference), crash (SIGKILL of a throughput engine, restarted "
+            "later on its port), freeze (SIGSTOP, later SIGCONT), stalled (hang fault: /health "
+            "and /metrics still answer), errors-500 (500 on half its requests), wrong-key (an "
+            "engine wanting an API key the gateway lacks), refusing-503 (503 on every request, "
+            "/health 200), slow-first-token (5 s before every first token), gateway-restart (20 "
+            "streams, SIGTERM to the gateway, a new one on its port), redis-loss (the gateway's "
+            "Redis killed, restarted later), all-failing (every engine answers 500).",
+        ),
+    ] = None,
+    seconds: Annotated[
+        float,
+        typer.Option(
+            min=5,
+            help="Seconds of load per scenario: the fault at 20%, cleared at 60%; longer while "
+            "the faulty engine is not yet back in full rotation.",
+        ),
+    ] = 30.0,
+    users: Annotated[
+        int, typer.Option(min=1, help="Closed-loop streaming users (gateway-restart: 20).")
+    ] = 48,
+    out: Annotated[Path, typer.Option(help="Folder for chaos.md, chaos.json, chaos.png.")] = Path(
+        "docs/results"
+    ),
+    logs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keep every process's log here, a folder per scenario (default: a new "
+            "temporary folder, printed at the end and kept)."
+        ),
+    ] = None,
+) -> None:
+    """Faults injected into a simulated deployment under streaming load (issue 11): per
+    scenario a fresh deployment (1 v4 latency + 2 v3 throughput simulators at speedup 4, one
+    gateway at its default settings) and closed-loop users streaming completions of exactly
+    1024 tokens. Prints per scenario: requests sent, OK (complete: all tokens, one id, a right
+    usage, [DONE]), failed before the first byte, streams cut, streams continued, the longest
+    silence within a stream, time to eject and to re-admit the faulty engine (from /state at
+    20 Hz), TTFT p50/p99 while the fault lasts, upstream attempts per client request; then a
+    MET / NOT MET line per "Done when" item of the issue that the run judges. Every process is
+    stopped at the end, on failure and on Ctrl-C."""
+    import sys
+
+    from loadtests.chaos import SCENARIO_NAMES, Options, run
+    from loadtests.crossover import command_line
+
+    # The report shows the command without --logs: a folder on this machine says nothing there.
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--logs="):
+            skip = False
+        elif arg == "--logs":
+            skip = True
+        else:
+            argv.append(arg)
+    _logging("warning")
+    try:
+        run(Options(scenarios=tuple(scenario or SCENARIO_NAMES), seconds=seconds, users=users,
+                    out=out, logs=logs, command=command_line(argv)))  # fmt: skip
+    except KeyboardInterrupt:  # the processes are stopped by then; no traceback for a Ctrl-C
+        typer.echo("interrupted: every process stopped, nothing written", err=True)
+        raise typer.Exit(130) from None
+
+
 @bench.command("clients")
 def bench_clients(
     requests: Annotated[int, typer.Option(min=1, help="Requests per library per round.")] = 3000,
