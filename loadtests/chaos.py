@@ -1,5 +1,6 @@
 """`tiergate bench chaos`: faults injected into a simulated deployment under streaming load, and
-what the clients and the operators see (issue 11's scenarios and its "Done when" lines).
+what the clients and the operators see: the faults the README's Reliability section promises
+to absorb, judged against its goals.
 
 Every scenario starts a fresh deployment: one latency `v4` (EAGLE-3) and two throughput `v3`
 simulators (`--speedup 4`) behind one gateway at its default settings, except what the scenario
@@ -68,7 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPEEDUP = 4.0
 MAX_TOKENS = 1024  # ~1.5-2 s a stream at speedup 4: a fault always finds streams in flight
 PROMPT_TOKENS = 50
-RESTART_STREAMS = 20  # gateway-restart: the issue's "20 streams in flight"
+RESTART_STREAMS = 20  # gateway-restart: streams in flight at SIGTERM
 PRE_STOP_S = 1.0  # gateway-restart's shutdown.pre_stop_delay_s (default 5), to keep the run short
 ENGINE_KEY = "chaos-engine-key"  # wrong-key: what the engine wants; the gateway sends nothing
 POLL_S = 0.05  # /state at 20 Hz
@@ -77,7 +78,7 @@ CLIENT_SILENCE_S = 30.0  # a client gives up on a stream silent this long
 SETTLE_S = 3.0  # back in rotation this long before a scenario may end
 FAULT_AT, CLEAR_AT = 0.2, 0.6  # of --seconds
 
-# The issue's "Done when" thresholds.
+# The reliability goals' thresholds.
 SILENCE_LIMIT_S = 5.0
 TTFT_RATIO_LIMIT = 2.0
 AMPLIFICATION_LIMIT = 1.2
@@ -868,14 +869,14 @@ def run_scenario(name: str, opts: Options, workdir: Path) -> Result:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    line: str  # the issue's "Done when" item
+    line: str  # the goal, as stated
     met: bool
     detail: str
     caveat: str = ""  # why the verdict may not mean what it says
 
 
 def verdicts(results: dict[str, Result]) -> list[Verdict]:
-    """One per "Done when" item of issue 11 that the scenarios run can judge."""
+    """One per reliability goal that the scenarios run can judge."""
     out: list[Verdict] = []
 
     def visible(names: Sequence[str]) -> list[Result]:
@@ -893,7 +894,7 @@ def verdicts(results: dict[str, Result]) -> list[Verdict]:
     if rs := visible(("crash", "freeze", "stalled")):
         out.append(Verdict(
             "0 streams cut in the crash and freeze scenarios (all continued, with exactly "
-            "max_tokens tokens and a correct usage); freeze judged as both the issue's freezes: "
+            "max_tokens tokens and a correct usage); freeze judged as both kinds of freeze: "
             "SIGSTOP (freeze) and hung with /health answering (stalled)",
             all(r.cut == 0 and r.failed == 0 for r in rs),
             "; ".join(f"{r.scenario}: {r.cut} cut, {r.failed} failed, {r.continued} continued "
@@ -1090,7 +1091,7 @@ def markdown(report: dict[str, Any], results: Sequence[Result], vs: Sequence[Ver
     ]
     lines += ["| " + " | ".join(row(r)) + " |" for r in results]
     lines += ["", "![OK, failed and cut per scenario; TTFT p99 against healthy](chaos.png)", ""]
-    lines += ["## Done when (issue 11)", ""]
+    lines += ["## Goals", ""]
     lines += [f"- **{'MET' if v.met else 'NOT MET'}**: {v.line}: {v.detail}."
               + (f" **But** {v.caveat}." if v.caveat else "") for v in vs]  # fmt: skip
     lines += ["- Not measured here: the schemathesis and slowloris items, the integration tests "

@@ -348,14 +348,14 @@ def bench_chaos(
         ),
     ] = None,
 ) -> None:
-    """Faults injected into a simulated deployment under streaming load (issue 11): per
+    """Faults injected into a simulated deployment under streaming load: per
     scenario a fresh deployment (1 v4 latency + 2 v3 throughput simulators at speedup 4, one
     gateway at its default settings) and closed-loop users streaming completions of exactly
     1024 tokens. Prints per scenario: requests sent, OK (complete: all tokens, one id, a right
     usage, [DONE]), failed before the first byte, streams cut, streams continued, the longest
     silence within a stream, time to eject and to re-admit the faulty engine (from /state at
     20 Hz), TTFT p50/p99 while the fault lasts, upstream attempts per client request; then a
-    MET / NOT MET line per "Done when" item of the issue that the run judges. Every process is
+    MET / NOT MET line per reliability goal (README, Reliability) the run judges. Every process is
     stopped at the end, on failure and on Ctrl-C."""
     import sys
 
