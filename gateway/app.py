@@ -122,6 +122,7 @@ async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncI
             upstream=Upstream(session, registry, telemetry, settings),
             drain=drain or Drain(),
         )
+        gw.upstream.learner = learner
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()

@@ -73,9 +73,6 @@ class Exchange:
     continuations: int = 0
     failed_urls: set[str] = field(default_factory=set)
     server_errors: int = 0  # engines' 5xx answers to this request, before its first byte
-    # A slow first token was hedged: the slow backend, its load then, and how long it had kept
-    # the request without a byte (a TTFT it has at least: the latency model learns it).
-    hedged: tuple[str, int, float] | None = None
     # Why the gateway itself is ending this request (e.g. its drain deadline passed): set it,
     # then cancel the request's task; upstream ends the answer cleanly with this message.
     cut_reason: str | None = None

@@ -1,13 +1,18 @@
-"""Hedging a slow first token: a stream whose first bytes take much longer than its backend's
-predicted TTFT is sent to another backend too, and the first to answer serves it (the other is
-cancelled). The deadline follows the latency model (gateway.latency_model): `factor` times the
-TTFT predicted at the backend's load, never under `min_s`, so a backend that turns slow (a
-stuck prefill, a noisy neighbour) costs its clients about one deadline, not its whole delay.
+"""Hedging a slow first token: a stream whose first bytes take much longer than predicted is
+sent to another backend too, and the first to answer serves it (the other is cancelled). The
+deadline follows the latency model (gateway.latency_model): `factor` times the least TTFT
+predicted among the decision's candidates at their loads (what a healthy one would take: a
+backend known to be slow must not earn itself a longer wait), never under `min_s`. So a
+backend that turns slow (a stuck prefill, a noisy neighbour) costs its clients about one
+deadline, not its whole delay. A stream whose response headers have not come by then is
+abandoned for the next candidate (an engine that accepts connections but answers nothing).
 
 Pure: the deadline and the hedge's backend; upstream runs the race.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from gateway.routing import Backend
 from gateway.routing.curves import Prediction
@@ -16,12 +21,15 @@ from gateway.settings import HedgeConfig
 __all__ = ["hedge_after", "hedge_backend"]
 
 
-def hedge_after(cfg: HedgeConfig, pred: Prediction | None, load: int) -> float | None:
-    """Seconds to wait for a stream's first bytes before hedging; None: do not hedge."""
+def hedge_after(
+    cfg: HedgeConfig, candidates: Iterable[tuple[Prediction | None, int]]
+) -> float | None:
+    """Seconds to wait for a stream's first bytes before hedging, from the candidates'
+    (prediction, load); None: do not hedge."""
     if not cfg.enabled:
         return None
-    predicted = pred.ttft.at(load) if pred is not None else 0.0
-    return max(cfg.min_s, cfg.factor * predicted)
+    least = min((p.ttft.at(n) for p, n in candidates if p is not None), default=0.0)
+    return max(cfg.min_s, cfg.factor * least)
 
 
 def hedge_backend(

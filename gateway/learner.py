@@ -84,10 +84,6 @@ class Learner:
     def finished(self, ex: Exchange) -> None:
         """A relayed stream, if it ran to its end: TTFT at the load it joined, TPOT at the
         mean load while it decoded."""
-        if ex.hedged is not None:  # the slow backend it left: a TTFT it has at least
-            url, load, waited = ex.hedged
-            self.models[url].observe_request(self.clock(), None, (max(1, load), waited))
-            self._dirty.add(url)
         b, ttft, tpot = ex.backend, ex.ttft, ex.tpot
         if b is None or ex.status != 200 or ttft is None or ex.midstream_error:
             return
@@ -103,6 +99,12 @@ class Learner:
             decoding = (max(1.0, mean), tpot)
         self.models[b.url].observe_request(now, decoding, (ex.joined_at_load, ttft))
         self._dirty.add(b.url)
+
+    def slow_start(self, url: str, load: int, waited: float) -> None:
+        """A stream left `url` for a hedge after `waited` s without a byte at `load`: a TTFT
+        it has at least, learned at once so that routing keeps away while it stays slow."""
+        self.models[url].observe_request(self.clock(), None, (max(1, load), waited))
+        self._dirty.add(url)
 
     # -- out -----------------------------------------------------------------------------------
     def refresh(self) -> None:

@@ -283,8 +283,9 @@ class Registry:
                 waiting=st.waiting,
                 kv_usage=st.kv_usage,
                 inflight=counts.get(url, 0),
-                # On probation: routable while it has no request of ours (one at a time).
-                healthy=not st.ejected and not (st.probation and e.busy > 0),
+                # On probation: routable while no request of ours waits there for its first
+                # byte (a trial at a time: the first byte is the trial's success).
+                healthy=not st.ejected and not (st.probation and e.waiting),
                 stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
                 slos=e.slos,
             )

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -35,6 +35,9 @@ from gateway.settings import Settings
 from gateway.telemetry import Telemetry
 from gateway.watchdog import StreamWatchdog
 from gateway.wire import StreamRelay
+
+if TYPE_CHECKING:
+    from gateway.learner import Learner
 
 __all__ = ["Upstream"]
 
@@ -81,6 +84,8 @@ class Upstream:
         self.continuation = settings.continuation
         self.hedge = settings.hedge
         self.watchdog = StreamWatchdog(registry, settings.stream_idle_timeout_s, clock)
+        # Who learns from hedges (the latency model), set by whoever builds both.
+        self.learner: Learner | None = None
         self.first_byte_timeout_s = settings.retry.first_byte_timeout_s
         self.timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=settings.connect_timeout_s,
@@ -181,32 +186,30 @@ class Upstream:
         resp: aiohttp.ClientResponse | None = None
         try:
             path, payload = request
-            resp = await self.session.post(
-                entry.url + path, data=payload, timeout=self.timeout,
-                headers=self._headers(ex, entry),
-            )  # fmt: skip
+            # A stream's headers come at once from a live engine: one that accepts the
+            # connection but answers nothing by the hedge deadline is abandoned.
+            async with asyncio.timeout(self._hedge_after(ex) if hedge and ex.stream else None):
+                resp = await self.session.post(
+                    entry.url + path, data=payload, timeout=self.timeout,
+                    headers=self._headers(ex, entry),
+                )  # fmt: skip
             if resp.status in _REFUSED_CREDENTIALS:
                 await resp.read()
                 raise self._misconfigured(entry, resp.status)
             if self.retry.retryable(resp.status) and resp.status not in wire.ambiguous:
-                refused = await resp.read()
-                # 408 and 429 say "busy", not "broken". A request that one engine answered
-                # with a 5xx already is suspect itself (a request that breaks every engine
-                # would otherwise eject them all): its next 5xx is not held against a backend.
-                if resp.status >= 500:
-                    ex.server_errors += 1
-                    if ex.server_errors == 1:
-                        self.registry.request_failed(entry, f"http_{resp.status}")
+                body = wire.refused(resp.status, await resp.read())
                 after = [(b"retry-after", v.encode())
                          for v in resp.headers.getall(_RETRY_AFTER, [])]  # fmt: skip
-                raise Retryable(f"http_{resp.status}", resp.status,
-                                wire.refused(resp.status, refused), after)  # fmt: skip
+                raise self._refused(ex, entry, f"http_{resp.status}", (resp.status, body, after))
             if ex.stream and resp.status == 200:
                 winner, resp, first = await self._first_bytes(ex, lease, resp, hedge)
                 if winner is not lease:
                     return winner, resp, first
                 if not first:
                     raise Retryable("empty_stream")
+                early = wire.early_error(first)
+                if early is not None and self.retry.retryable(early[0]):
+                    raise self._refused(ex, entry, f"event_{early[0]}", (*early, []))
             else:
                 first = await resp.read()
         except asyncio.CancelledError:
@@ -237,8 +240,8 @@ class Upstream:
         """A stream's first bytes, hedged past the deadline when `hedge` allows and another
         candidate can take it."""
         entry, limit = lease.entry, self.first_byte_timeout_s
-        after = hedge_after(self.hedge, self.registry.curves.get(entry.url), entry.busy)
-        if hedge and after is not None and after < limit:
+        after = self._hedge_after(ex) if hedge else None
+        if after is not None and after < limit:
             try:
                 async with asyncio.timeout(after):
                     return lease, resp, await resp.content.readany()
@@ -251,6 +254,11 @@ class Upstream:
                 limit -= after
         async with asyncio.timeout(limit):
             return lease, resp, await resp.content.readany()
+
+    def _hedge_after(self, ex: Exchange) -> float | None:
+        curves, entries = self.registry.curves, self.registry.entries
+        return hedge_after(self.hedge, ((curves.get(b.url), entries[b.url].busy)
+                                        for b in ex.decision.candidates))  # fmt: skip
 
     async def _hedge(
         self,
@@ -265,7 +273,8 @@ class Upstream:
         backend, left = to
         started = self.clock()
         ex.attempts += 1
-        ex.hedged = (lease.entry.url, lease.entry.busy, started - ex.started)
+        if self.learner is not None:  # at once: the next decisions should know
+            self.learner.slow_start(lease.entry.url, lease.entry.busy, started - ex.started)
         log.info("slow first token: hedging", extra={"fields": {
             "request_id": ex.id, "slow": lease.entry.url, "hedge": backend.url}})  # fmt: skip
         slow = asyncio.ensure_future(resp.content.readany())
@@ -316,6 +325,25 @@ class Upstream:
 
     def _hedge_outcome(self, outcome: str) -> None:
         self.telemetry.child(self.telemetry.hedges, outcome).inc()
+
+    def _refused(
+        self,
+        ex: Exchange,
+        entry: BackendEntry,
+        reason: str,
+        answer: tuple[int, bytes, list[tuple[bytes, bytes]]],
+    ) -> Retryable:
+        """An engine refused the request before answering anything: try elsewhere, and keep
+        its answer (status, body, headers) for the client should it be the last. 408 and 429
+        say "busy", not "broken". A request one engine answered with a 5xx already is suspect
+        itself (a request that breaks every engine would otherwise eject them all): its next
+        5xx is not held against a backend."""
+        status, body, headers = answer
+        if status >= 500:
+            ex.server_errors += 1
+            if ex.server_errors == 1:
+                self.registry.request_failed(entry, reason)
+        return Retryable(reason, status, body, headers)
 
     def _misconfigured(self, entry: BackendEntry, status: int) -> Retryable:
         """The engine refused the gateway's credentials: eject it, try elsewhere, and should

@@ -79,6 +79,12 @@ class WireAdapter(Protocol):
         content type."""
         ...
 
+    def early_error(self, first: bytes) -> tuple[int, bytes] | None:
+        """When a 200 stream's first bytes are an error event (the engine failed before it
+        generated anything, and its status line had gone out already): the status the event
+        names and the error as the client would get it as an answer. None otherwise."""
+        ...
+
     def refused(self, status: int, body: bytes) -> bytes:
         """The body of a retryable refusal (429, 503, ...), as the client would get it."""
         ...

@@ -466,6 +466,9 @@ class TritonAdapter:
     def refused(self, status: int, body: bytes) -> bytes:
         return error_reply(status, body)[1]
 
+    def early_error(self, first: bytes) -> tuple[int, bytes] | None:
+        return None  # Triton's errors are 500s, often the request's own (see `ambiguous`)
+
     def relay(self, ex: Exchange) -> _Relay:
         return _Relay(self._call(ex).stream_translator())
 

@@ -4,10 +4,11 @@ engine flushes it, never re-serialised. The relay only peeks at the bytes for te
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gateway.errors import sse_error
+from gateway.errors import error_json, sse_error
 from gateway.load.parse import EngineStats, parse_vllm_metrics
 from gateway.wire import Incompatible
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["ADAPTER", "VllmAdapter", "VllmRelay", "completion_tokens", "has_text"]
 
 DONE = b"data: [DONE]\n\n"
+_ERROR_EVENT = b'data: {"error"'
 _TEXT_KEYS = (b'"text":"', b'"content":"')
 _USAGE_KEY = b'"completion_tokens":'
 
@@ -96,6 +98,17 @@ class VllmAdapter:
 
     def refused(self, status: int, body: bytes) -> bytes:
         return body
+
+    def early_error(self, first: bytes) -> tuple[int, bytes] | None:
+        if not first.startswith(_ERROR_EVENT):
+            return None
+        end = first.find(b"\n\n")
+        payload = first[len(b"data: ") : end if end != -1 else None]
+        try:
+            code = int(json.loads(payload)["error"].get("code") or 500)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return 500, error_json(500, "The engine failed before answering.")
+        return code, payload
 
     def relay(self, ex: Exchange) -> VllmRelay:
         return VllmRelay()

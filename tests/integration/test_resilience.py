@@ -87,6 +87,33 @@ def test_an_engine_failing_half_its_requests_costs_the_clients_nothing(stack: St
         attempts - ok)
 
 
+def test_a_stream_whose_first_event_is_an_error_is_retried_elsewhere(stack: Stack) -> None:
+    """vLLM reports a failure after its status line as an error event: when that is all a
+    stream has sent, nothing reached the client yet, and another engine can answer."""
+    bad = stack.throughput[0]
+    httpx.post(bad.url + "/sim/faults", json={"error_rate": 1.0, "error_status": 503})
+
+    async def run() -> list[tuple[int, str]]:
+        body = BODY | {"stream": True}
+        async with httpx.AsyncClient(timeout=30) as c:
+
+            async def one() -> tuple[int, str]:
+                r = await c.post(stack.gateway.url + "/v1/completions", json=body,
+                                 headers={"x-tiergate-tier": "throughput"})  # fmt: skip
+                return r.status_code, r.text
+
+            return list(await asyncio.gather(*(one() for _ in range(12))))
+
+    for status, text in asyncio.run(run()):
+        assert status == 200
+        assert text.endswith("data: [DONE]\n\n")
+        assert '"error"' not in text
+    gw = stack.gateway.url
+    assert metric(gw, "tiergate_attempts", "tiergate_attempts_total", backend=bad.url,
+                  outcome="event_503") >= 1  # fmt: skip
+    assert backend_view(stack, bad.url)["ejected_reason"] == "requests_event_503"
+
+
 def test_an_engine_refusing_work_while_healthy_stays_out_on_a_growing_backoff(
     stack: Stack,
 ) -> None:

@@ -15,19 +15,21 @@ def ttft(seconds: float) -> Prediction:
 
 
 @pytest.mark.parametrize(
-    ("cfg", "pred", "load", "after"),
+    ("cfg", "candidates", "after"),
     [
-        (HedgeConfig(), None, 4, 1.0),  # nothing learned: the floor
-        (HedgeConfig(), ttft(0.1), 2, 1.0),  # 3 x 0.2 s is under the floor
-        (HedgeConfig(), ttft(0.1), 8, pytest.approx(2.4)),  # 3 x 0.8 s
-        (HedgeConfig(factor=2, min_s=0.5), ttft(0.1), 4, pytest.approx(0.8)),
-        (HedgeConfig(enabled=False), ttft(0.1), 8, None),
+        (HedgeConfig(), [(None, 4)], 1.0),  # nothing learned: the floor
+        (HedgeConfig(), [(ttft(0.1), 2)], 1.0),  # 3 x 0.2 s is under the floor
+        (HedgeConfig(), [(ttft(0.1), 8)], pytest.approx(2.4)),  # 3 x 0.8 s
+        (HedgeConfig(factor=2, min_s=0.5), [(ttft(0.1), 4)], pytest.approx(0.8)),
+        # the least of the candidates: a backend learned slow does not set the wait
+        (HedgeConfig(), [(ttft(1.0), 8), (ttft(0.1), 8), (None, 3)], pytest.approx(2.4)),
+        (HedgeConfig(enabled=False), [(ttft(0.1), 8)], None),
     ],
 )
-def test_the_deadline_follows_the_predicted_ttft(
-    cfg: HedgeConfig, pred: Prediction | None, load: int, after: object
+def test_the_deadline_follows_the_least_predicted_ttft(
+    cfg: HedgeConfig, candidates: list[tuple[Prediction | None, int]], after: object
 ) -> None:
-    assert hedge_after(cfg, pred, load) == after
+    assert hedge_after(cfg, candidates) == after
 
 
 def _backends(n: int) -> tuple[Backend, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -99,6 +100,17 @@ async def test_exiting_a_lease_twice_releases_once() -> None:
     assert reg.store.counts() == {}
 
 
+def _cancel_me() -> Callable[[], None]:
+    """What cuts a stream in these tests: the task is cancelled (the relay's read would fail)."""
+    me = asyncio.current_task()
+    assert me is not None
+
+    def cut() -> None:
+        me.cancel()
+
+    return cut
+
+
 # -- ejection ----------------------------------------------------------------------------------
 
 
@@ -111,9 +123,7 @@ async def test_ejection_moves_the_attempts_waiting_for_a_first_byte_and_cuts_str
     async def attempt(name: str, first_byte: bool) -> None:
         with reg.lease(entry) as lease:
             if first_byte:
-                me = asyncio.current_task()
-                assert me is not None
-                lease.first_byte(0.0, me.cancel)  # the relay's read fails: here, a cancel
+                lease.first_byte(0.0, _cancel_me())  # the relay's read fails: here, a cancel
             try:
                 await answered.wait()
                 outcome[name] = "finished"
@@ -143,9 +153,7 @@ async def test_silent_streams_are_cut_and_count_as_failures() -> None:
 
     async def stream(name: str, last_io: float) -> None:
         with reg.lease(entry) as lease:
-            me = asyncio.current_task()
-            assert me is not None
-            lease.first_byte(last_io, me.cancel)
+            lease.first_byte(last_io, _cancel_me())
             started.set()
             try:
                 await asyncio.sleep(10)
@@ -230,11 +238,9 @@ def _run_probation(reg: Registry, clock: Clock, outcomes: str) -> list[str]:
         if not load.healthy:
             seen.append("out")
         else:
-            reg.store.acquire(LAT)
-            entry.busy += 1  # a lease of ours is there now
+            entry.waiting.add(None)  # type: ignore[arg-type]  # a request of ours waits there
             seen.append("trial" if not reg.snapshot().load(LAT).healthy else "in")
-            entry.busy -= 1
-            reg.store.release(LAT)
+            entry.waiting.clear()
     return seen
 
 
