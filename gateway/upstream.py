@@ -295,6 +295,9 @@ class Upstream:
                 if fast in done and fast.exception() is None:
                     took_fast = True
                     self._hedge_outcome("won")
+                    # Slow is the new down: a backend whose streams have to be hedged fails
+                    # its clients, and its outliers are ejected like any other failures.
+                    self.registry.request_failed(lease.entry, "slow_start")
                     resp.close()
                     lease.__exit__(None, None, None)
                     won: tuple[Lease, aiohttp.ClientResponse, bytes] = fast.result()

@@ -282,7 +282,7 @@ def test_a_client_can_opt_out_of_continuation(slow_pool: Stack) -> None:
 
 def test_a_slow_first_token_is_hedged_and_the_slow_engine_avoided(stack: Stack) -> None:
     """One engine takes 5 s more to start each answer: a stream waits for it at most the hedge
-    deadline (1 s at least), and the latency model learns to keep streams away from it."""
+    deadline (1 s at least), and the engine is soon out of rotation."""
     slow = stack.throughput[0]
     httpx.post(slow.url + "/sim/faults", json={"slow_first_token_s": 5.0}).raise_for_status()
 
@@ -311,5 +311,5 @@ def test_a_slow_first_token_is_hedged_and_the_slow_engine_avoided(stack: Stack) 
     gw = stack.gateway.url
     won = metric(gw, "tiergate_hedges", "tiergate_hedges_total", outcome="won")
     assert won >= 1
-    # Once it has learned, the slow engine gets (almost) nothing: fewer hedges than waves.
-    assert won < len(results) / 2
+    # It gets few: its wait is learned at once, and three hedged in a row eject it.
+    assert won <= 6
