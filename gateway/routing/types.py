@@ -50,6 +50,7 @@ class Reason(StrEnum):
     PREDICTED_SLO_MET = "predicted_slo_met"  # learned: predicted to meet the request's SLO there
     HEADROOM = "headroom"  # learned: predicted to meet it nowhere; the most headroom went first
     EXPLORE = "explore"  # learned: a backend the model has not seen lately, to keep learning
+    POLICY_ERROR = "policy_error"  # the policy failed (a bug): least-loaded ordered it instead
 
 
 @dataclass(frozen=True, slots=True)
