@@ -119,7 +119,10 @@ def bench_routing(
     combos = [(d.value, c, s) for d in deployment or [Deployment.TUTORIAL]
               for c, s in (classes or {"": Slo(slo_ttft, slo_tpot)}).items()]  # fmt: skip
     for dep, cls, slo in combos:
-        name = "routing" if len(combos) == 1 else "-".join(x for x in ("routing", dep, cls) if x)
+        # Only the default deployment and SLO write routing.*: a single other one must not
+        # overwrite it.
+        plain = dep == Deployment.TUTORIAL.value and not cls
+        name = "routing" if plain else "-".join(x for x in ("routing", dep, cls) if x)
         run(
             shapes=tuple(shape or ("step", "burst")),
             policies=tuple(policy or POLICIES),
@@ -131,6 +134,7 @@ def bench_routing(
             deployment=dep,
             oracle_limits=tuple(oracle_limit or ()),
             name=name,
+            slo_class=cls,
         )
 
 

@@ -108,6 +108,7 @@ def run(
     deployment: str = "tutorial",
     oracle_limits: tuple[int, ...] = (),
     name: str = "routing",
+    slo_class: str = "",  # the SLO's name, for the report's command line
 ) -> dict[str, Any]:
     console = console or Console()
     slo = slo or Slo()
@@ -157,7 +158,7 @@ def run(
             stack.stop()
     report = _report(runs, shapes, policies, slo, speedup)
     report["deployment"] = {"name": deployment, "latency_profile": dep.latency_profile,
-                            "shift_scale": dep.shift_scale}  # fmt: skip
+                            "shift_scale": dep.shift_scale, "slo_class": slo_class}  # fmt: skip
     _print(console, report, slo)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -322,7 +323,9 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
     lines = [
         f"# Routing policies compared: {dep['name']} deployment",
         "",
-        f"Command: `tiergate bench routing --deployment {dep['name']} --phase-seconds {phase_s:g}"
+        f"Command: `tiergate bench routing --deployment {dep['name']}"
+        f"{f' --slo-class {cls}' if (cls := dep.get('slo_class')) else ''}"
+        f" --phase-seconds {phase_s:g}"
         f" --rounds {rounds}{f' --speedup {speedup:g}' if speedup != 1 else ''}"
         f"{''.join(f' --oracle-limit {p[len(ORACLE_PREFIX) :]}' for p in oracle)}`  ",
         f"Date: {time.strftime('%Y-%m-%d')}. Deployment: 1 x {dep['latency_profile']} (EAGLE-3)"
