@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -20,12 +21,17 @@ def _logging(level: str) -> None:
     )
 
 
-def _policies(names: list[str] | None) -> list[str] | None:
-    unknown = [n for n in names or () if n not in POLICY_NAMES]
+def _known(names: list[str] | None, allowed: Sequence[str]) -> list[str] | None:
+    """`names` if each is one of `allowed`; a usage error naming the others otherwise."""
+    unknown = [n for n in names or () if n not in allowed]
     if unknown:
-        choices = ", ".join(POLICY_NAMES)
+        choices = ", ".join(allowed)
         raise typer.BadParameter(f"unknown {', '.join(unknown)}; choose from {choices}")
     return names
+
+
+def _policies(names: list[str] | None) -> list[str] | None:
+    return _known(names, POLICY_NAMES)
 
 
 @bench.command("calibrate")
@@ -307,11 +313,7 @@ def bench_triton(
 def _scenarios(names: list[str] | None) -> list[str] | None:
     from loadtests.chaos import SCENARIO_NAMES
 
-    unknown = [n for n in names or () if n not in SCENARIO_NAMES]
-    if unknown:
-        choices = ", ".join(SCENARIO_NAMES)
-        raise typer.BadParameter(f"unknown {', '.join(unknown)}; choose from {choices}")
-    return names
+    return _known(names, SCENARIO_NAMES)
 
 
 @bench.command("chaos")
