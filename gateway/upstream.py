@@ -170,9 +170,16 @@ class Upstream:
                 lease.__exit__(None, None, None)  # the hedge's, if it won (a no-op otherwise)
         if broken is not None:
             # The lease is given back: a continuation takes its own elsewhere.
-            failed = await self._continue(ex, broken)
+            status = 502
+            try:
+                failed = await self._continue(ex, broken)
+            except asyncio.CancelledError:
+                if ex.cut_reason is None:
+                    raise  # the client went away
+                _uncancel()  # the drain's deadline came while it was being continued
+                failed, status = ex.cut_reason, 503
             if failed is not None:
-                await self._end(ex, relay.fail(failed))
+                await self._end(ex, relay.fail(failed, status))
 
     async def _open(
         self, ex: Exchange, lease: Lease, request: tuple[str, bytes], hedge: bool = True
