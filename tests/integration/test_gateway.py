@@ -144,11 +144,15 @@ def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
     bad = stack.throughput[0]
     httpx.post(bad.url + "/sim/faults", json={"error_rate": 1.0})
     try:
-        for _ in range(6):
+        # Until the failing engine is ejected: routing tries it first about half the time,
+        # and three failures in a row (or 30% of 10) take it out.
+        for _ in range(60):
             r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
                            headers={"x-tiergate-tier": "throughput"})  # fmt: skip
             assert r.status_code == 200
             assert r.headers["x-tiergate-backend"] == stack.throughput[1].url
+            if _backend_view(stack, bad.url)["ejected_reason"] is not None:
+                break
     finally:
         httpx.post(bad.url + "/sim/faults", json={"error_rate": 0.0})
     fams = families(stack.gateway.url)

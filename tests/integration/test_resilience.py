@@ -151,8 +151,15 @@ def test_credentials_the_engine_refuses_are_the_gateways_fault(tmp_path: Path) -
         assert {r.headers["x-tiergate-backend"] for r in responses} == {stack.throughput[1].url}
         assert metric(gw.url, "tiergate_attempts", "tiergate_attempts_total", backend=locked,
                       outcome="auth") >= 1  # fmt: skip
-        httpx.post(stack.throughput[1].url + "/sim/faults", json={"error_rate": 1.0})
-        time.sleep(1.2)  # the locked engine's ejection runs out: it is on probation
+        stack.throughput[1].kill()  # the locked engine alone: once both are seen so
+        deadline = time.monotonic() + 15
+
+        def alone() -> bool:
+            return (backend_view(stack, stack.throughput[1].url)["ejected_reason"] is not None
+                    and backend_view(stack, locked)["ejected_reason"] is None)  # fmt: skip
+
+        while not alone() and time.monotonic() < deadline:
+            time.sleep(0.1)
         r = httpx.post(gw.url + "/v1/completions", json=BODY)
         assert r.status_code == 502
         error = r.json()["error"]
