@@ -364,7 +364,7 @@ def create_app(settings: Settings) -> GatewayApp:
                 kv_usage=load.kv_usage, inflight=load.inflight, effective=load.effective,
                 healthy=load.healthy, stale=load.stale,
                 ejected_reason=e.live.eject_reason if e.live.ejected else None,
-                probation=e.live.probation,
+                probation=e.on_probation,
                 model=gw.learner.view(e.url, snap.taken_at),
             ))  # fmt: skip
         return api.GatewayState(

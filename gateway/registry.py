@@ -46,7 +46,6 @@ class LiveStatus:
     ejected: bool = False  # out of rotation: down, or ejected for its requests' outcomes
     eject_reason: str = ""
     ejected_at: float = 0.0
-    probation: bool = False  # back after an ejection for its outcomes: one request at a time
 
 
 @dataclass(eq=False)
@@ -74,6 +73,11 @@ class BackendEntry:
     @property
     def url(self) -> str:
         return self.backend.url
+
+    @property
+    def on_probation(self) -> bool:
+        """Back after an ejection for its outcomes: one request at a time (gateway.outlier)."""
+        return self.outlier.mode is Mode.PROBATION
 
     @property
     def health_url(self) -> str:
@@ -285,7 +289,7 @@ class Registry:
                 inflight=counts.get(url, 0),
                 # On probation: routable while no request of ours waits there for its first
                 # byte (a trial at a time: the first byte is the trial's success).
-                healthy=not st.ejected and not (st.probation and e.waiting),
+                healthy=not st.ejected and not (e.waiting and e.on_probation),
                 stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
                 slos=e.slos,
             )
@@ -321,7 +325,6 @@ class Registry:
 
     def request_succeeded(self, entry: BackendEntry) -> None:
         if entry.outlier.succeeded(self.outlier_cfg, self.clock()) is Verdict.READMIT:
-            entry.live.probation = False
             log.info("backend passed probation", extra={"fields": {"backend": entry.url}})
 
     def _may_eject(self, entry: BackendEntry) -> bool:
@@ -335,7 +338,6 @@ class Registry:
         now = self.clock()
         for e in self.entries.values():
             if e.outlier.tick(now):
-                e.live.probation = True
                 self._update(e)
                 log.info("backend on probation", extra={"fields": {"backend": e.url}})
 
@@ -365,7 +367,7 @@ class Registry:
         attempts waiting there for a first byte move on, and its streams are cut."""
         st, b = entry.live, entry.backend
         again = st.eject_reason == reason  # the same cause as last time: logged once
-        st.eject_reason, st.ejected_at, st.probation = reason, self.clock(), False
+        st.eject_reason, st.ejected_at = reason, self.clock()
         self._update(entry)
         st.running = st.waiting = 0
         st.kv_usage, st.scraped_at = 0.0, None

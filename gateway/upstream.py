@@ -96,16 +96,9 @@ class Upstream:
 
     async def forward(self, ex: Exchange, decision: Decision) -> None:
         """Answer `ex` from the first candidate that answers; the last failure otherwise."""
-        try:
-            failed = await self.retry.run(decision.candidates, functools.partial(self._attempt, ex))
-        except asyncio.CancelledError:
-            if ex.cut_reason is None or ex.responded:
-                raise
-            _uncancel()
-            ex.status = 503
-            await ex.answer(503, [(b"content-type", b"application/json"), *ex.response_headers],
-                            error_json(503, ex.cut_reason))  # fmt: skip
-            return
+        # A cut before the first byte (the drain's deadline) is answered by the app, which
+        # covers every stage before this one too; after it, the stream is ended here.
+        failed = await self.retry.run(decision.candidates, functools.partial(self._attempt, ex))
         if failed is not None:
             await self._give_up(ex, failed)
 
@@ -191,11 +184,12 @@ class Upstream:
         entry = lease.entry
         wire = entry.adapter
         resp: aiohttp.ClientResponse | None = None
+        after = self._hedge_after(ex) if hedge and ex.stream else None
         try:
             path, payload = request
             # A stream's headers come at once from a live engine: one that accepts the
             # connection but answers nothing by the hedge deadline is abandoned.
-            async with asyncio.timeout(self._hedge_after(ex) if hedge and ex.stream else None):
+            async with asyncio.timeout(after):
                 resp = await self.session.post(
                     entry.url + path, data=payload, timeout=self.timeout,
                     headers=self._headers(ex, entry),
@@ -205,11 +199,12 @@ class Upstream:
                 raise self._misconfigured(entry, resp.status)
             if self.retry.retryable(resp.status) and resp.status not in wire.ambiguous:
                 body = wire.refused(resp.status, await resp.read())
-                after = [(b"retry-after", v.encode())
-                         for v in resp.headers.getall(_RETRY_AFTER, [])]  # fmt: skip
-                raise self._refused(ex, entry, f"http_{resp.status}", (resp.status, body, after))
+                retry_after = [(b"retry-after", v.encode())
+                               for v in resp.headers.getall(_RETRY_AFTER, [])]  # fmt: skip
+                raise self._refused(ex, entry, f"http_{resp.status}",
+                                    (resp.status, body, retry_after))  # fmt: skip
             if ex.stream and resp.status == 200:
-                winner, resp, first = await self._first_bytes(ex, lease, resp, hedge)
+                winner, resp, first = await self._first_bytes(ex, lease, resp, after)
                 if winner is not lease:
                     return winner, resp, first
                 if not first:
@@ -242,12 +237,11 @@ class Upstream:
         return lease, resp, first
 
     async def _first_bytes(
-        self, ex: Exchange, lease: Lease, resp: aiohttp.ClientResponse, hedge: bool
+        self, ex: Exchange, lease: Lease, resp: aiohttp.ClientResponse, after: float | None
     ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
-        """A stream's first bytes, hedged past the deadline when `hedge` allows and another
+        """A stream's first bytes, hedged past `after` seconds (None: never) when another
         candidate can take it."""
         entry, limit = lease.entry, self.first_byte_timeout_s
-        after = self._hedge_after(ex) if hedge else None
         if after is not None and after < limit:
             try:
                 async with asyncio.timeout(after):

@@ -619,20 +619,25 @@ def _restart_sim(sim: SimProcess) -> float:
     return time.perf_counter() - t
 
 
+# The scenarios that are a simulator fault on the victim: (injected, cleared).
+_SIM_FAULTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "errors-500": ({"error_rate": 0.5}, {"error_rate": 0.0}),
+    "refusing-503": ({"error_rate": 1.0, "error_status": 503},
+                     {"error_rate": 0.0, "error_status": 500}),
+    "slow-first-token": ({"slow_first_token_s": 5.0}, {"slow_first_token_s": 0.0}),
+}  # fmt: skip
+
+
 def inject(run: Run) -> None:
     dep, name = run.dep, run.scenario.name
-    if name == "crash":
+    if name in _SIM_FAULTS:
+        _faults(dep.victim, **_SIM_FAULTS[name][0])
+    elif name == "crash":
         dep.victim.kill()
     elif name == "freeze":
         os.kill(dep.victim.pid, signal.SIGSTOP)
     elif name == "stalled":
         _faults(dep.victim, hang=True)
-    elif name == "errors-500":
-        _faults(dep.victim, error_rate=0.5)
-    elif name == "refusing-503":
-        _faults(dep.victim, error_rate=1.0, error_status=503)
-    elif name == "slow-first-token":
-        _faults(dep.victim, slow_first_token_s=5.0)
     elif name == "redis-loss":
         assert dep.redis is not None
         dep.redis.kill()
@@ -643,17 +648,15 @@ def inject(run: Run) -> None:
 
 def clear(run: Run) -> None:
     dep, name = run.dep, run.scenario.name
-    if name in ("crash", "stalled"):
+    if name in _SIM_FAULTS:
+        _faults(dep.victim, **_SIM_FAULTS[name][1])
+    elif name in ("crash", "stalled"):
         try:
             run.extra["restart_ready_s"] = _restart_sim(dep.victim)
         except RuntimeError as e:  # the port was taken meanwhile: say so, go on without it
             run.notes.append(f"the victim could not be restarted on its port: {e}")
     elif name == "freeze":
         os.kill(dep.victim.pid, signal.SIGCONT)
-    elif name in ("errors-500", "refusing-503"):
-        _faults(dep.victim, error_rate=0.0, error_status=500)
-    elif name == "slow-first-token":
-        _faults(dep.victim, slow_first_token_s=0.0)
     elif name == "redis-loss":
         assert dep.redis is not None
         dep.redis.start()

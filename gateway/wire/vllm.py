@@ -61,7 +61,7 @@ class VllmRelay:
         text = has_text(chunk)
         if text:
             self.text_events += chunk.count(b"data: ")
-        if b'data: {"error"' in chunk:
+        if _ERROR_EVENT in chunk:
             # vLLM's own mid-stream error event, relayed as is; it can share a read with text.
             self.engine_error = True
         if b'"usage"' in chunk and (n := completion_tokens(chunk)) is not None:
