@@ -167,9 +167,14 @@ def test_requests_run_one_at_a_time_and_the_queue_is_visible(server: Server) -> 
                 return time.monotonic()
 
             tasks = [asyncio.create_task(one()) for _ in range(4)]
-            await asyncio.sleep(0.1)
-            waiting = metric(server.url, "vllm:num_requests_waiting")
-            running = metric(server.url, "vllm:num_requests_running")
+            # Until all four have arrived (0.1 s on a quiet machine; longer on a busy one).
+            deadline = time.monotonic() + 5
+            while True:
+                await asyncio.sleep(0.05)
+                waiting = metric(server.url, "vllm:num_requests_waiting")
+                running = metric(server.url, "vllm:num_requests_running")
+                if running + waiting >= 4 or time.monotonic() > deadline:
+                    break
             assert (running, waiting) == (1, 3)
             # The token counter moves during a generation, not only at its end (a router
             # watching it for hung engines must see a slow one progress).
