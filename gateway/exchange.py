@@ -10,6 +10,7 @@ every function of the path.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ class Exchange:
     headers: dict[bytes, bytes]  # the client's, names lower-case (as ASGI gives them)
     send: Send  # the client's ASGI send
     started: float  # perf_counter at arrival
+    task: asyncio.Task[Any] | None = None  # the task serving this request (what a cut cancels)
     # -- intake: what the client asked for
     body: bytes = b""  # forwarded unchanged to pass-through engines
     data: dict[str, Any] = field(default_factory=dict)  # the body, parsed

@@ -297,11 +297,19 @@ class Registry:
         }
         return LoadSnapshot(self.backends, loads, now, self.curves)
 
-    def lease(self, entry: BackendEntry, slo_tpot_s: float = math.inf) -> Lease:
-        """A claim on `entry` for one attempt of a request whose TPOT SLO is `slo_tpot_s`."""
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - the request path always runs in a task
-            raise RuntimeError("a lease must be taken inside a task")
+    def lease(
+        self,
+        entry: BackendEntry,
+        slo_tpot_s: float = math.inf,
+        task: asyncio.Task[Any] | None = None,
+    ) -> Lease:
+        """A claim on `entry` for one attempt of a request whose TPOT SLO is `slo_tpot_s`, made
+        by `task` (an ejection cancels it; default: the current task, which the request path
+        passes in because looking it up costs more than the rest of this call)."""
+        if task is None:
+            task = asyncio.current_task()
+            if task is None:  # pragma: no cover - the request path always runs in a task
+                raise RuntimeError("a lease must be taken inside a task")
         return Lease(self, entry, task, slo_tpot_s)
 
     def healthy_models(self) -> set[str]:

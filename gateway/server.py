@@ -40,19 +40,30 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.server import ServerState
 
 from gateway.drain import Drain
 from gateway.errors import error_json
 from gateway.settings import ServerConfig, ShutdownConfig
 
-__all__ = ["GatewayConfig", "GatewayProtocol", "GatewayServer", "Guard", "raise_fd_limit"]
+__all__ = [
+    "CLIENT_GONE",
+    "GatewayConfig",
+    "GatewayProtocol",
+    "GatewayServer",
+    "Guard",
+    "raise_fd_limit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +73,10 @@ LINGER_S = 2.0  # after a refusal, how long the client's remaining bytes are rea
 # uvicorn's own last resort after the drain deadline, when our cut has not ended everything.
 CUT_GRACE_S = 10.0
 CUT_REASON = "The gateway is shutting down and its drain timeout has passed; retry the request."
+# The scope key of a request's list of callbacks for its client going away (the connection
+# lost, or refused mid-request). The app registers one instead of a task that waits on
+# `receive()` for `http.disconnect`: one task fewer per request, measurably cheaper.
+CLIENT_GONE = "tiergate.client_gone"
 
 
 class Guard:
@@ -159,6 +174,7 @@ class GatewayProtocol(HttpToolsProtocol):
                            "connections at once; retry shortly.", "max_connections")  # fmt: skip
         self.in_head = False
         self.deadline = self.loop.time() + self.limits.body_timeout_s
+        self.scope[CLIENT_GONE] = []  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -168,6 +184,15 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.deadline, self.closing = 0.0, True
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            self._client_gone(cycle)
+
+    @staticmethod
+    def _client_gone(cycle: RequestResponseCycle) -> None:
+        hooks: list[Callable[[], None]] = cycle.scope.get(CLIENT_GONE) or []  # type: ignore[assignment]
+        while hooks:
+            hooks.pop()()
 
     # -- deadlines and refusals ----------------------------------------------------------------
     def expire(self, now: float) -> None:
@@ -201,6 +226,7 @@ class GatewayProtocol(HttpToolsProtocol):
             # The app, if it runs, sees a disconnect and its sends go nowhere.
             cycle.disconnected = True
             cycle.message_event.set()
+            self._client_gone(cycle)
         if answer:
             self.transport.write(_error_response(why.status, why.message, self.server_state))
         self.closing = True

@@ -132,7 +132,7 @@ class Upstream:
         entry = self.registry.entry(backend.url)
         wire = entry.adapter
         ex.attempts += 1
-        with self.registry.lease(entry, ex.slo.tpot_s) as primary:
+        with self.registry.lease(entry, ex.slo.tpot_s, ex.task) as primary:
             ex.joined_at_load = entry.busy  # this attempt included
             lease, resp, first = await self._open(ex, primary, wire.request(ex, entry.config))
             if lease is not primary:  # a hedge answered first: it serves the request
@@ -189,11 +189,13 @@ class Upstream:
             path, payload = request
             # A stream's headers come at once from a live engine: one that accepts the
             # connection but answers nothing by the hedge deadline is abandoned.
-            async with asyncio.timeout(after):
-                resp = await self.session.post(
-                    entry.url + path, data=payload, timeout=self.timeout,
-                    headers=self._headers(ex, entry),
-                )  # fmt: skip
+            post = self.session.post(entry.url + path, data=payload, timeout=self.timeout,
+                                     headers=self._headers(ex, entry))  # fmt: skip
+            if after is None:  # no hedge: no deadline on the headers beyond the client's own
+                resp = await post
+            else:
+                async with asyncio.timeout(after):
+                    resp = await post
             if resp.status in _REFUSED_CREDENTIALS:
                 await resp.read()
                 raise self._misconfigured(entry, resp.status)
@@ -444,7 +446,7 @@ class Upstream:
             for backend in self._continuation_candidates(ex):
                 entry = self.registry.entry(backend.url)
                 ex.attempts += 1
-                with self.registry.lease(entry, ex.slo.tpot_s) as lease:
+                with self.registry.lease(entry, ex.slo.tpot_s, ex.task) as lease:
                     try:
                         _, resp, first = await self._open(ex, lease, request, False)
                     except Retryable as e:
