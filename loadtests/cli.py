@@ -268,6 +268,103 @@ def bench_overhead(
                 baseline=baseline))  # fmt: skip
 
 
+def _peer_targets(names: list[str] | None) -> list[str] | None:
+    from loadtests.peers import TARGETS
+
+    return _known(names, TARGETS)
+
+
+def _without(argv: list[str], option: str) -> list[str]:
+    """`argv` without `option` and its value: a folder of this machine says nothing in a report."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith(f"{option}="):
+            skip = False
+        elif arg == option:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+PEERS_VENV_HELP = (
+    "The peers' virtual environment (default: $TIERGATE_PEERS_VENV, else "
+    "~/.cache/tiergate/peers-venv); created and filled on first use unless --no-install."
+)
+
+
+@bench.command("peers")
+def bench_peers(
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (targets in rotating order).")] = 3,
+    duration: Annotated[
+        float, typer.Option(min=0.1, help="Seconds per latency cell per target per round.")
+    ] = 3.0,
+    rate: Annotated[
+        float, typer.Option(min=1, help="Aggregate req/s of the paced load at 64 connections.")
+    ] = 400.0,
+    wrk_seconds: Annotated[
+        int, typer.Option(min=0, help="Each wrk run (small, SSE) per target per round; 0 skips.")
+    ] = 5,
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_peer_targets,
+            help="Targets to run; repeat for several (default all: direct, nginx, tiergate, "
+            "tiergate-2w, vllm-router, smg, litellm). direct always runs: it is the reference.",
+        ),
+    ] = None,
+    peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,
+    install: Annotated[
+        bool,
+        typer.Option(
+            help="Install missing peers (pip, into the peers' venv, one package at a time); "
+            "--no-install skips them with a note instead."
+        ),
+    ] = True,
+    peer_policy: Annotated[
+        str,
+        typer.Option(
+            help="vllm-router's and smg's --policy (one worker: it only costs; round_robin "
+            "costs least)."
+        ),
+    ] = "round_robin",
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/peers.json"),
+) -> None:
+    """tiergate against its peers as a proxy hop, in one run: vLLM's router (vllm-router),
+    SGLang's model gateway (smg), LiteLLM's proxy, nginx (the floor) and tiergate with one
+    worker and with --workers 2 (when `serve` has it), each in front of the same instant
+    simulator, called also directly. Per target, the median of the rounds: added latency p50/p99
+    at 1 and 64 connections, req/s at 64 connections (wrk), the proxy's CPU per request (all its
+    processes, over the wrk run), SSE tokens/s, errors and sample counts; ratios against
+    tiergate, and the goals (tiergate CPU/request <= 0.30 ms, added p50 at 1 connection <= 0.5
+    ms, ahead of LiteLLM on every figure) as MET / NOT MET. The peers live in a virtual
+    environment of their own, installed on first use; one that cannot be installed or started
+    is left out with a note. Every process is stopped at the end, on failure and on Ctrl-C."""
+    import sys
+
+    from loadtests.crossover import command_line
+    from loadtests.peerenv import PEERS
+    from loadtests.peers import TARGETS, Options, run
+
+    choices = PEERS["vllm-router"].policies
+    if peer_policy not in choices:
+        raise typer.BadParameter(f"{peer_policy}: choose from {', '.join(choices)}")
+    _logging("warning")
+    opts = Options(
+        rounds=rounds, duration_s=duration, rate=rate, wrk_seconds=wrk_seconds,
+        targets=tuple(target or TARGETS), venv=peers_venv, install=install,
+        peer_policy=peer_policy, out=out,
+        command=command_line(_without(sys.argv[1:], "--peers-venv")),
+    )  # fmt: skip
+    try:
+        run(opts)
+    except KeyboardInterrupt:  # the processes are stopped by then; no traceback for a Ctrl-C
+        typer.echo("interrupted: every process stopped, nothing written", err=True)
+        raise typer.Exit(130) from None
+
+
 @bench.command("instructions")
 def bench_instructions(
     baseline: Annotated[

@@ -249,6 +249,7 @@ class WrkRun:
     requests: int
     errors: int  # non-2xx answers plus socket errors
     server_cpu_cores: float  # CPU of the process wrk talks to (nginx: its worker)
+    server_cpu_s: float = 0.0  # the same, in CPU seconds over the run
 
 
 @dataclass(frozen=True)
@@ -731,12 +732,13 @@ async def run_wrk(
         if proc.returncode is None:  # cancelled (Ctrl-C): do not leave wrk running
             proc.kill()
             await proc.wait()
-    cores = (_cpu(pids) - c0) / (time.perf_counter() - t0)
+    cpu_s = _cpu(pids) - c0
+    cores = cpu_s / (time.perf_counter() - t0)
     output = stdout.decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"wrk exited with {proc.returncode}:\n{output}")
     rps, requests, errors = parse_wrk(output)
-    return WrkRun(rps, requests, errors, cores)
+    return WrkRun(rps, requests, errors, cores, cpu_s)
 
 
 # --- the benchmark --------------------------------------------------------------------------
@@ -775,13 +777,14 @@ class Raw:
         return self.samples.setdefault((part, concurrency, target), [])
 
 
-async def _measure(
+async def measure(
     targets: list[Target],
     opts: Options,
     model: str,
     wrk: tuple[str, Path, Path] | None,
     progress: Progress,
 ) -> Raw:
+    """Every cell on every target, round after round, the targets' order rotating each round."""
     raw = Raw()
     by_name = {t.name: t for t in targets}
     small = json.dumps(small_body(model)).encode()
@@ -1067,7 +1070,7 @@ def run(opts: Options, console: Console | None = None) -> Report:
             )
             progress = stack.enter_context(Progress(*columns, console=console, transient=True))
             runner = stack.enter_context(event_loop_runner())
-            raw = runner.run(_measure(targets, opts, model, wrk, progress))
+            raw = runner.run(measure(targets, opts, model, wrk, progress))
         notes += failure_notes(raw, targets)  # the logs are still there, the processes done
     sources = {t.name: t.source for t in targets if t.source is not None}
     report = summarize(raw, [t.name for t in targets], opts, notes, command, sources, baseline)
