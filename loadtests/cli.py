@@ -34,6 +34,23 @@ def _policies(names: list[str] | None) -> list[str] | None:
     return _known(names, POLICY_NAMES)
 
 
+def _peer_specs(specs: list[str] | None) -> list[str] | None:
+    from loadtests.routing import peer_spec
+
+    for spec in specs or ():
+        try:
+            peer_spec(spec)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return specs
+
+
+PEERS_VENV_HELP = (
+    "The peers' virtual environment (default: $TIERGATE_PEERS_VENV, else "
+    "~/.cache/tiergate/peers-venv); created and filled on first use unless --no-install."
+)
+
+
 @bench.command("calibrate")
 def bench_calibrate(
     profiles: Annotated[
@@ -113,13 +130,38 @@ def bench_routing(
     out: Annotated[Path, typer.Option(help="Folder for routing*.md/.json/.png.")] = Path(
         "docs/results"
     ),
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_peer_specs,
+            metavar="ROUTER:POLICY",
+            help="Also run a peer router in front of the same engines (all of them as its "
+            "workers: it knows no tiers), e.g. vllm-router:power_of_two, smg:cache_aware; repeat "
+            "for several. The report is then routing-...-peers.*.",
+        ),
+    ] = None,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            "--peers",
+            help="All four: vllm-router:power_of_two, vllm-router:cache_aware, smg:cache_aware, "
+            "smg:power_of_two.",
+        ),
+    ] = False,
+    peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,
+    install: Annotated[
+        bool, typer.Option(help="Install a missing peer router (--no-install: skip it).")
+    ] = True,
 ) -> None:
     """Compare the routing policies on simulated deployments (1 EAGLE-3 latency + 2 x v3
     throughput instances): step and burst shapes, per phase TTFT/TPOT p50/p99, tok/s and
-    goodput; the learned policy against golden-range and the oracle (best fixed limit)."""
+    goodput; the learned policy against golden-range and the oracle (best fixed limit), and
+    optionally against peer routers (vLLM's router, SGLang's model gateway) and their
+    policies."""
     from loadtests.phases import Slo
-    from loadtests.routing import POLICIES, SLO_CLASSES, run
+    from loadtests.routing import PEER_POLICIES, POLICIES, SLO_CLASSES, run
 
+    specs = tuple(dict.fromkeys([*(PEER_POLICIES if peers else ()), *(peer or ())]))
     _logging("warning")
     classes = {c.value: SLO_CLASSES[c.value] for c in slo_class or ()}
     combos = [(d.value, c, s) for d in deployment or [Deployment.TUTORIAL]
@@ -129,6 +171,7 @@ def bench_routing(
         # overwrite it.
         plain = dep == Deployment.TUTORIAL.value and not cls
         name = "routing" if plain else "-".join(x for x in ("routing", dep, cls) if x)
+        name += "-peers" if specs else ""  # nor a run with peers
         run(
             shapes=tuple(shape or ("step", "burst")),
             policies=tuple(policy or POLICIES),
@@ -141,6 +184,9 @@ def bench_routing(
             oracle_limits=tuple(oracle_limit or ()),
             name=name,
             slo_class=cls,
+            peers=specs,
+            peers_venv=peers_venv,
+            install=install,
         )
 
 
@@ -285,12 +331,6 @@ def _without(argv: list[str], option: str) -> list[str]:
         else:
             out.append(arg)
     return out
-
-
-PEERS_VENV_HELP = (
-    "The peers' virtual environment (default: $TIERGATE_PEERS_VENV, else "
-    "~/.cache/tiergate/peers-venv); created and filled on first use unless --no-install."
-)
 
 
 @bench.command("peers")

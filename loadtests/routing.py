@@ -13,17 +13,24 @@ rotates every round) and the engines drained between runs. Per phase: TTFT and T
 output tokens/s, and goodput: requests per second that met every SLO (default TTFT <= 1 s and
 TPOT <= 25 ms). Goodput differences are judged against counting noise: two counts differ when they
 are further apart than twice the square root of their sum.
+
+With `peers` (`vllm-router:power_of_two`, `smg:cache_aware`, ...), those routers run too, in
+front of the same engines, every engine of both tiers as their workers (they know no tiers), in
+the same rotation as the policies; their latency:throughput split is counted at the engines
+(requests each finished per phase), as they send no tier header.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import math
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +40,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gateway.routing import POLICY_NAMES, PolicyName
+from loadtests.peerenv import PEERS, PeerProcess, default_venv, ensure, scrub
 from loadtests.phases import SHAPES, PhaseStats, Run, Slo, phase_stats, run_phases
 from loadtests.stack import MODEL, Stack, add_gateway, start_stack
 
@@ -41,6 +49,19 @@ GOLDEN: PolicyName = "golden-range"
 LEARNED: PolicyName = "learned"
 ORACLE_PREFIX = "limit-"
 SLO_CLASSES = {"interactive": Slo(1.0, 0.012), "standard": Slo(1.0, 0.025)}
+# The peer routers' policies compared by `--peers`: each router's load-aware one and its default.
+PEER_POLICIES = ("vllm-router:power_of_two", "vllm-router:cache_aware", "smg:cache_aware",
+                 "smg:power_of_two")  # fmt: skip
+ROUTERS = ("vllm-router", "smg")
+
+
+def peer_spec(spec: str) -> tuple[str, str]:
+    """`ROUTER:POLICY` -> (router, policy); ValueError naming the choices otherwise."""
+    router, _, policy = spec.partition(":")
+    if router not in ROUTERS or policy not in PEERS[router].policies:
+        raise ValueError(f"{spec!r}: ROUTER:POLICY with ROUTER one of {', '.join(ROUTERS)} and "
+                         f"POLICY one of {', '.join(PEERS['vllm-router'].policies)}")  # fmt: skip
+    return router, policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +106,57 @@ def _wait_idle(stack: Stack, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def _served(urls: Sequence[str]) -> int:
+    """Requests the engines at `urls` have finished so far (vllm:request_success_total)."""
+    total = 0.0
+    for url in urls:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("vllm:request_success_total"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return round(total)
+
+
+def _split(stack: Stack) -> tuple[int, int]:
+    return _served([s.url for s in stack.latency]), _served([s.url for s in stack.throughput])
+
+
+def start_peers(
+    specs: Sequence[str], stack: Stack, workdir: Path, notes: list[str],
+    versions: dict[str, str], venv: Path, install: bool, console: Console,
+) -> dict[str, PeerProcess]:  # fmt: skip
+    """Each peer router in front of every engine, started side by side; one that is not
+    installed or does not start is left out with a note. The caller stops those returned;
+    `versions` receives each started one's package and version."""
+    parsed = {spec: peer_spec(spec) for spec in specs}
+    installed = ensure(sorted({r for r, _ in parsed.values()}), venv, install, console)
+    urls = [s.url for s in stack.sims]
+    spawned: dict[str, PeerProcess] = {}
+    try:
+        for spec, (router, policy) in parsed.items():
+            inst = installed[router]
+            if inst.binary is None:
+                notes.append(f"{spec} skipped: {router} {inst.note}")
+                continue
+            spawned[spec] = PeerProcess(inst.peer, inst.binary, urls, MODEL, workdir, policy,
+                                        label=spec).spawn()  # fmt: skip
+        for spec, peer in list(spawned.items()):
+            try:
+                peer.wait_ready()
+            except RuntimeError as e:
+                notes.append(f"{spec} skipped: did not start: {scrub(str(e), venv)}")
+                peer.stop()
+                del spawned[spec]
+    except BaseException:
+        for peer in spawned.values():
+            peer.stop()
+        raise
+    for spec in spawned:
+        inst = installed[parsed[spec][0]]
+        versions[spec] = f"{inst.peer.distribution} {inst.version}"
+    return spawned
+
+
 def compare(met: dict[str, int], golden: str = GOLDEN) -> tuple[str, int, int, float]:
     """Golden's SLO-met count vs the best other policy's, with the noise band (2 sqrt(sum))."""
     others = {p: n for p, n in met.items() if p != golden}
@@ -109,8 +181,14 @@ def run(
     oracle_limits: tuple[int, ...] = (),
     name: str = "routing",
     slo_class: str = "",  # the SLO's name, for the report's command line
+    peers: tuple[str, ...] = (),  # ROUTER:POLICY, e.g. vllm-router:power_of_two
+    peers_venv: Path | None = None,
+    install: bool = True,
 ) -> dict[str, Any]:
     console = console or Console()
+    notes: list[str] = []
+    versions: dict[str, str] = {}
+    venv = peers_venv or default_venv()
     slo = slo or Slo()
     dep = DEPLOYMENTS[deployment]
     # The gateway sees wall-clock time: an SLO in model time shrinks with the engines' speedup.
@@ -118,14 +196,17 @@ def run(
     headers = {f"x-tiergate-slo-{k.replace('_', '-')}": f"{v:g}" for k, v in wall.items()}
     settings = {p: {"name": p} for p in policies} | {
         f"{ORACLE_PREFIX}{n}": oracle_policy(n) for n in oracle_limits}  # fmt: skip
-    policies = tuple(settings)
     runs: dict[tuple[str, str], list[Run]] = {}
+    splits: dict[tuple[str, str], list[list[tuple[int, int]]]] = {}  # peers: per run, per phase
+    started: dict[str, PeerProcess] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-routing-") as tmp:
         stack = start_stack(Path(tmp), latency=1, throughput=2, speedup=speedup, gateways=0,
                             latency_profile=dep.latency_profile)  # fmt: skip
         lat_url = stack.latency[0].url
 
-        async def shift(phase: int, shape: str) -> None:
+        async def on_phase(phase: int, shape: str, counts: list[tuple[int, int]] | None) -> None:
+            if counts is not None:
+                counts.append(await asyncio.to_thread(_split, stack))
             if dep.shift_scale is not None and phase == len(SHAPES[shape]) // 2:
                 await asyncio.to_thread(_acceptance, lat_url, dep.shift_scale)
 
@@ -135,6 +216,11 @@ def run(
                                policy=cfg, slo=wall).url
                 for p, cfg in settings.items()
             }  # fmt: skip
+            if peers:
+                started = start_peers(peers, stack, Path(tmp), notes, versions, venv, install,
+                                      console)  # fmt: skip
+            gateways |= {spec: peer.url for spec, peer in started.items()}
+            policies = (*settings, *started)
             total = rounds * sum(len(SHAPES[s]) for s in shapes) * len(policies) * phase_s
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("routing benchmark", total=total)
@@ -146,19 +232,31 @@ def run(
                             _wait_idle(stack)
                             if dep.shift_scale is not None:
                                 _acceptance(lat_url, 1.0)
+                            counts: list[tuple[int, int]] | None = (
+                                [] if policy in started else None)  # fmt: skip
+                            at_phase = functools.partial(on_phase, shape=shape, counts=counts)
                             results, starts = asyncio.run(run_phases(
                                 gateways[policy] + "/v1/completions", SHAPES[shape], phase_s,
                                 prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                                model=MODEL, headers=headers,
-                                on_phase=functools.partial(shift, shape=shape),
+                                model=MODEL, headers=headers, on_phase=at_phase,
                             ))  # fmt: skip
                             runs.setdefault((shape, policy), []).append((results, starts))
+                            if counts is not None:
+                                counts.append(_split(stack))
+                                splits.setdefault((shape, policy), []).append(counts)
                             progress.advance(task, len(SHAPES[shape]) * phase_s)
         finally:
+            for peer in started.values():
+                peer.stop()
             stack.stop()
-    report = _report(runs, shapes, policies, slo, speedup)
+    report = _report(runs, shapes, policies, slo, speedup, splits)
     report["deployment"] = {"name": deployment, "latency_profile": dep.latency_profile,
                             "shift_scale": dep.shift_scale, "slo_class": slo_class}  # fmt: skip
+    if peers:
+        report["peers"] = {"asked": list(peers), "ran": list(started), "versions": versions,
+                           "notes": notes}  # fmt: skip
+        for note in notes:
+            console.print(f"[yellow]note:[/] {note}")
     _print(console, report, slo)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,18 +268,34 @@ def run(
     return report
 
 
+def _engine_split(stats: list[PhaseStats], per_run: list[list[tuple[int, int]]]
+                  ) -> list[PhaseStats]:  # fmt: skip
+    """A peer's phases with the latency:throughput split the engines counted (summed over
+    runs): snapshot i is taken as phase i starts, the last one after the run."""
+    out = []
+    for i, s in enumerate(stats):
+        lat = sum(c[i + 1][0] - c[i][0] for c in per_run)
+        thr = sum(c[i + 1][1] - c[i][1] for c in per_run)
+        out.append(dataclasses.replace(s, by_tier={"latency": lat, "throughput": thr}))
+    return out
+
+
 def _report(
     runs: dict[tuple[str, str], list[Run]],
     shapes: tuple[str, ...],
     policies: tuple[str, ...],
     slo: Slo,
     speedup: float,
+    splits: dict[tuple[str, str], list[list[tuple[int, int]]]] | None = None,
 ) -> dict[str, Any]:
     report: dict[str, Any] = {"slo": asdict(slo), "shapes": {}}
     for shape in shapes:
         per_policy: dict[str, list[PhaseStats]] = {
             p: phase_stats(runs[(shape, p)], SHAPES[shape], slo, speedup) for p in policies
         }
+        for (sh, p), per_run in (splits or {}).items():
+            if sh == shape:
+                per_policy[p] = _engine_split(per_policy[p], per_run)
         verdicts = []
         for i in range(len(SHAPES[shape])):
             met = {p: round(s[i].goodput * s[i].seconds) for p, s in per_policy.items()}
@@ -197,8 +311,25 @@ def _report(
             if GOLDEN in whole and len(whole) > 1
             else None,
             "learned_verdict": learned_verdict(whole),
+            "peer_verdicts": peer_verdicts(whole),
         }
     return report
+
+
+def peer_verdicts(met: dict[str, int]) -> list[dict[str, Any]]:
+    """learned's and golden-range's SLO-met counts against each peer router's, with the
+    counting noise band (2 sqrt(a + b)): higher, lower, or within noise."""
+    out = []
+    for ours in (LEARNED, GOLDEN):
+        for peer in (p for p in met if ":" in p):
+            if ours not in met:
+                continue
+            a, b = met[ours], met[peer]
+            noise = 2 * math.sqrt(a + b)
+            text = "higher" if a - b > noise else "LOWER" if b - a > noise else "within noise"
+            out.append({"policy": ours, "peer": peer, "ours": a, "theirs": b,
+                        "noise": round(noise, 1), "text": text})  # fmt: skip
+    return out
 
 
 def learned_verdict(met: dict[str, int]) -> dict[str, Any] | None:
@@ -247,7 +378,7 @@ def _print(console: Console, report: dict[str, Any], slo: Slo) -> None:
         for i, users in enumerate(data["users"]):
             for p, stats in data["policies"].items():
                 s = stats[i]
-                tiers = f"{s['by_tier'].get('latency', 0)}:{s['by_tier'].get('throughput', 0)}"
+                tiers = _tiers(s["by_tier"])
                 t.add_row(str(i + 1), str(users), p, str(s["requests"]), str(s["errors"]),
                           _ms(s["ttft_p50"]), _ms(s["ttft_p99"]), _ms(s["tpot_p50"]),
                           _ms(s["tpot_p99"]), f"{s['tok_s']:.0f}", f"{s['goodput']:.2f}",
@@ -255,6 +386,12 @@ def _print(console: Console, report: dict[str, Any], slo: Slo) -> None:
         console.print(t)
         for line in _verdict_lines(data):
             console.print(f"  {line}")
+
+
+def _tiers(by_tier: dict[str, int]) -> str:
+    if not {"latency", "throughput"} & set(by_tier):
+        return "-"
+    return f"{by_tier.get('latency', 0)}:{by_tier.get('throughput', 0)}"
 
 
 def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
@@ -280,6 +417,9 @@ def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
             text = "MET" if g["met"] else ("met within noise" if g["ok"] else "NOT MET")
             lines.append(f"learned {n} vs golden-range {g['slo_met']} (noise ±{g['noise']}), "
                          f">=: {b}{text}{b}")  # fmt: skip
+    for v in data.get("peer_verdicts") or ():
+        lines.append(f"whole run: {v['policy']} {v['ours']} SLO-met vs {v['peer']} "
+                     f"{v['theirs']} (noise ±{v['noise']}): {b}{v['text']}{b}")  # fmt: skip
     return lines
 
 
@@ -318,8 +458,18 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
     dep = report["deployment"]
     shift = (f"; its acceptance x {dep['shift_scale']:g} from the middle phase on"
              if dep["shift_scale"] is not None else "")  # fmt: skip
-    oracle = [p for p in report["shapes"][next(iter(report["shapes"]))]["policies"]
-              if p.startswith(ORACLE_PREFIX)]  # fmt: skip
+    ran = list(report["shapes"][next(iter(report["shapes"]))]["policies"])
+    oracle = [p for p in ran if p.startswith(ORACLE_PREFIX)]
+    ours = [p for p in ran if p in POLICIES]
+    peers = report.get("peers")
+    asked = peers["asked"] if peers else []
+    flags = "".join(f" --shape {sh}" for sh in report["shapes"]) if len(
+        report["shapes"]) != len(SHAPES) else ""  # fmt: skip
+    flags += "".join(f" --policy {p}" for p in ours) if set(ours) != set(POLICIES) else ""
+    flags += " --peers" if list(asked) == list(PEER_POLICIES) else "".join(
+        f" --peer {p}" for p in asked)  # fmt: skip
+    spread = ("; with one round there is no spread across rounds to show" if rounds == 1 else
+              f"; the counts pool {rounds} rounds, the order rotating")  # fmt: skip
     lines = [
         f"# Routing policies compared: {dep['name']} deployment",
         "",
@@ -327,26 +477,43 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
         f"{f' --slo-class {cls}' if (cls := dep.get('slo_class')) else ''}"
         f" --phase-seconds {phase_s:g}"
         f" --rounds {rounds}{f' --speedup {speedup:g}' if speedup != 1 else ''}"
-        f"{''.join(f' --oracle-limit {p[len(ORACLE_PREFIX) :]}' for p in oracle)}`  ",
+        f"{''.join(f' --oracle-limit {p[len(ORACLE_PREFIX) :]}' for p in oracle)}{flags}`  ",
         f"Date: {time.strftime('%Y-%m-%d')}. Deployment: 1 x {dep['latency_profile']} (EAGLE-3)"
         f" latency{shift} + 2 x v3 (AWQ) throughput simulators, one gateway per policy, policies"
         " alternating; `limit-L`: golden-range with the latency tier capped at L streams.  ",
         f"SLO: TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s * 1000:g} ms. Goodput = SLO-met "
-        "requests per second; `n` = requests finished in the phase (the sample count).",
-        "",
-        f"![goodput per phase]({name}.png)",
-        "",
+        "requests per second; `n` = requests finished in the phase (the sample count); "
+        "latency:throughput = how many of them each tier served.  ",
+        "Noise: two SLO-met counts differ when they are further apart than twice the square root "
+        f"of their sum (counting noise: the ± in the lines under each table){spread}.",
     ]
+    if peers:
+        versions = ", ".join(sorted(set(peers["versions"].values())))
+        lines += [
+            "",
+            f"Peers: {', '.join(f'`{p}`' for p in peers['ran']) or 'none ran'}"
+            f"{f' ({versions})' if versions else ''}, each in front of all three simulators "
+            "(they know no tiers: every engine is a worker), in the same rotation as the "
+            "policies. Their latency:throughput split is counted at the engines "
+            "(vllm:request_success_total at each phase's start; a request finishing at a phase's "
+            "edge may land in the next one). Every request carries the same prompt, so "
+            "`cache_aware` keeps choosing the engine that served it first until the load gap "
+            "passes its balance thresholds (by default more than 64 requests and 1.5x).",
+            *(f"- Note: {n}" for n in peers["notes"]),
+        ]
+    lines += ["", f"![goodput per phase]({name}.png)", ""]
     for shape, data in report["shapes"].items():
         lines += [f"## {shape}", "", "| phase | users | policy | n | TTFT p50 | TTFT p99 | "
-                  "TPOT p50 | TPOT p99 | tok/s | goodput/s |", "|" + "---|" * 10]  # fmt: skip
+                  "TPOT p50 | TPOT p99 | tok/s | goodput/s | latency:throughput |",
+                  "|" + "---|" * 11]  # fmt: skip
         for i, users in enumerate(data["users"]):
             for p, stats in data["policies"].items():
                 s = stats[i]
                 lines.append(
                     f"| {i + 1} | {users} | {p} | {s['requests']} | {_ms(s['ttft_p50'])} "
                     f"| {_ms(s['ttft_p99'])} | {_ms(s['tpot_p50'])} | "
-                    f"{_ms(s['tpot_p99'])} | {s['tok_s']:.0f} | {s['goodput']:.2f} |"
+                    f"{_ms(s['tpot_p99'])} | {s['tok_s']:.0f} | {s['goodput']:.2f} | "
+                    f"{_tiers(s['by_tier'])} |"
                 )
         lines.append("")
         lines += [f"- {line}" for line in _verdict_lines(data, bold=True)]

@@ -1,0 +1,76 @@
+"""The peer routers in the routing benchmark, without running them: how a ROUTER:POLICY spec is
+read, how their tier split is taken from the engines' counters, and how their SLO-met counts
+are judged against tiergate's policies with the counting noise."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from loadtests.peerenv import PEERS, litellm_config, scrub
+from loadtests.phases import PhaseStats
+from loadtests.routing import PEER_POLICIES, _engine_split, _tiers, peer_spec, peer_verdicts
+
+
+def test_peer_specs_name_a_router_and_one_of_its_policies() -> None:
+    assert [peer_spec(s) for s in PEER_POLICIES] == [
+        ("vllm-router", "power_of_two"), ("vllm-router", "cache_aware"),
+        ("smg", "cache_aware"), ("smg", "power_of_two"),
+    ]  # fmt: skip
+    for bad in ("litellm:round_robin", "vllm-router", "smg:least_loaded", "nginx:cache_aware"):
+        with pytest.raises(ValueError, match="ROUTER:POLICY"):
+            peer_spec(bad)
+
+
+def _phase(i: int, requests: int) -> PhaseStats:
+    nan = math.nan
+    return PhaseStats(i, 1, 1.0, requests, 0, nan, nan, nan, nan, 0.0, 0.0, {"none": requests})
+
+
+def test_a_peers_tier_split_is_the_engines_counter_differences_summed_over_runs() -> None:
+    # Snapshots (latency, throughput) as each of two phases starts, and after the run.
+    runs = [[(10, 100), (12, 130), (20, 150)], [(0, 0), (1, 5), (1, 9)]]
+    out = _engine_split([_phase(0, 33), _phase(1, 28)], runs)
+    assert [s.by_tier for s in out] == [
+        {"latency": 3, "throughput": 35}, {"latency": 8, "throughput": 24}
+    ]  # fmt: skip
+    assert [s.requests for s in out] == [33, 28]  # the client's own counts are kept
+    assert [_tiers(s.by_tier) for s in out] == ["3:35", "8:24"]
+    assert _tiers({"none": 5}) == "-"  # a router without a tier header, before the split
+
+
+def test_tiergate_policies_against_each_peer_with_the_counting_noise() -> None:
+    met = {"learned": 500, "golden-range": 400, "smg:cache_aware": 300,
+           "vllm-router:power_of_two": 450, "limit-8": 520}  # fmt: skip
+    got = {(v["policy"], v["peer"]): v for v in peer_verdicts(met)}
+    assert set(got) == {(p, q) for p in ("learned", "golden-range")
+                        for q in ("smg:cache_aware", "vllm-router:power_of_two")}  # fmt: skip
+    v = got[("learned", "smg:cache_aware")]
+    assert v["noise"] == round(2 * math.sqrt(800), 1)
+    assert v["text"] == "higher"  # 200 apart, noise 56.6
+    assert got[("learned", "vllm-router:power_of_two")]["text"] == "within noise"  # 50 < 61.6
+    assert got[("golden-range", "vllm-router:power_of_two")]["text"] == "within noise"
+    assert got[("golden-range", "smg:cache_aware")]["text"] == "higher"
+    assert peer_verdicts({"learned": 10, "smg:cache_aware": 90})[0]["text"] == "LOWER"
+    assert peer_verdicts({"learned": 10, "golden-range": 12}) == []  # no peer ran
+
+
+def test_litellm_spreads_over_every_worker_under_one_model_name() -> None:
+    config = litellm_config(["http://127.0.0.1:1", "http://127.0.0.1:2"], "m/x")
+    assert config == {"model_list": [
+        {"model_name": "m/x", "litellm_params": {"model": "hosted_vllm/m/x",
+                                                 "api_base": "http://127.0.0.1:1/v1"}},
+        {"model_name": "m/x", "litellm_params": {"model": "hosted_vllm/m/x",
+                                                 "api_base": "http://127.0.0.1:2/v1"}},
+    ]}  # fmt: skip
+    assert not PEERS["litellm"].policies
+
+
+def test_reports_name_no_folder_of_this_machine() -> None:
+    venv = Path("/srv/cache/peers-venv")
+    text = f"exited with 1: Traceback in {venv}/lib/python3.11/site-packages/x.py, {Path.home()}/a"
+    assert scrub(text, venv) == (
+        "exited with 1: Traceback in <peers-venv>/lib/python3.11/site-packages/x.py, ~/a"
+    )
