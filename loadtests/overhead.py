@@ -102,6 +102,9 @@ class Options:
     stream_connections: tuple[int, ...] = (1, 64)
     wrk_connections: int = 64
     wrk_threads: int = 2
+    # wrk counts a response slower than this as a timeout error (it still completes); None: wrk's
+    # own 2 s, ample for the gateway, not for a proxy that queues streams for longer.
+    wrk_timeout_s: int | None = None
     use_nginx: bool = True
     chart: bool = True
     command: str | None = None  # as shown in the markdown; default: this process's argv
@@ -717,10 +720,12 @@ def parse_wrk(output: str) -> tuple[float, int, int]:
 
 
 async def run_wrk(
-    binary: str, target: Target, script: Path, seconds: int, connections: int, threads: int
-) -> WrkRun:
+    binary: str, target: Target, script: Path, seconds: int, connections: int, threads: int,
+    timeout_s: int | None = None,
+) -> WrkRun:  # fmt: skip
     pids = target.server_pids()
     cmd = [binary, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
+           *([f"--timeout={timeout_s}s"] if timeout_s else []),
            target.url + "/v1/completions"]  # fmt: skip
     c0, t0 = _cpu(pids), time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
@@ -820,8 +825,9 @@ async def measure(
                     binary, small_lua, sse_lua = wrk
                     script = small_lua if cell.part == "wrk-small" else sse_lua
                     run = await run_wrk(
-                        binary, target, script, opts.wrk_seconds, c, opts.wrk_threads
-                    )
+                        binary, target, script, opts.wrk_seconds, c, opts.wrk_threads,
+                        opts.wrk_timeout_s,
+                    )  # fmt: skip
                     raw.wrk.setdefault((cell.part, name), []).append(run)
                     progress.advance(task)
                     continue

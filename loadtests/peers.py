@@ -84,6 +84,8 @@ RIVAL = "litellm"  # the peer tiergate must be ahead of on every figure
 TARGETS = (DIRECT, "nginx", GATEWAY, WORKERS, *PEERS)
 CONNECTIONS = 64
 WRK_THREADS = 2
+# A slow proxy's answers are slow, not failed: only one later than this counts as an error.
+WRK_TIMEOUT_S = 30
 
 # The goals: tiergate's CPU per request (wrk) and its added p50 at 1 connection.
 MAX_CPU_MS = 0.30
@@ -355,6 +357,7 @@ def _overhead_options(opts: Options) -> overhead.Options:
         duration_s=opts.duration_s, rounds=opts.rounds, rate=opts.rate,
         wrk_seconds=opts.wrk_seconds, latency_connections=(1, CONNECTIONS),
         stream_connections=(), wrk_connections=CONNECTIONS, wrk_threads=WRK_THREADS,
+        wrk_timeout_s=WRK_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -701,7 +704,8 @@ def markdown(report: Report, chart_file: Path | None) -> str:
         f"- Rounds: {s['rounds']}, the targets' order rotating; per round and target "
         f"{s['duration_s']:g} s of small requests at 1 connection (closed loop) and at "
         f"{CONNECTIONS} (open loop at {s['rate']:g} req/s, each latency timed from its scheduled "
-        f"start), then `wrk -t{WRK_THREADS} -c{CONNECTIONS} -d{s['wrk_seconds']}s` of small "
+        f"start), then `wrk -t{WRK_THREADS} -c{CONNECTIONS} -d{s['wrk_seconds']}s "
+        f"--timeout={WRK_TIMEOUT_S}s` of small "
         f"requests and of {SSE_TOKENS}-token SSE streams.",
         "- Added = the target's percentile minus direct's in the same round. CPU ms/request: "
         "user + system CPU of every process of the target (its process tree, /proc) over the wrk "
