@@ -745,6 +745,8 @@ def chart(report: Report, path: Path) -> None:
     )
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     plain = FuncFormatter(lambda v, _: f"{v:g}")
+    # Minor ticks labelled at 2 and 5 of each decade only: more crowd a scale of many decades.
+    some = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
     for ax, (title, key, pale, log) in zip(axes.flat, panels, strict=True):
         xs = range(len(names))
         color = [colors.get(n, "tab:cyan") for n in names]
@@ -755,7 +757,7 @@ def chart(report: Report, path: Path) -> None:
         if log:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
+            ax.yaxis.set_minor_formatter(some)
             ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
