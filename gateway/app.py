@@ -44,6 +44,7 @@ from gateway.admission import Admission
 from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body
 from gateway.exchange import Endpoint, Exchange, Send
+from gateway.http1 import Http1Pool
 from gateway.intake import ClientGone, Intake, Receive
 from gateway.learner import Learner
 from gateway.load.monitor import Monitor
@@ -102,6 +103,14 @@ async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncI
             connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
         )
         stack.push_async_callback(session.close)
+        # Requests to the engines go through the gateway's own client (gateway.http1); the
+        # aiohttp session above is the monitor's, for scrapes and probes.
+        pool = Http1Pool(
+            connect_timeout_s=settings.connect_timeout_s,
+            read_timeout_s=settings.request_timeout_s,
+            keepalive_s=settings.upstream_keepalive_s,
+        )
+        stack.push_async_callback(pool.aclose)
         await store.start()
         stack.push_async_callback(store.aclose)
         registry = Registry(settings, store, telemetry)
@@ -121,7 +130,7 @@ async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncI
             admission=Admission(
                 router.decide, registry.changed, settings.policy.queue_deadline_s, telemetry
             ),
-            upstream=Upstream(session, registry, telemetry, settings),
+            upstream=Upstream(pool, registry, telemetry, settings),
             drain=drain or Drain(),
         )
         gw.upstream.learner = learner

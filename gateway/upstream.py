@@ -28,6 +28,7 @@ from gateway.continuation import SplicedRelay, continued_body, replay, whole_eve
 from gateway.errors import error_json
 from gateway.exchange import Exchange
 from gateway.hedge import hedge_after, hedge_backend
+from gateway.http1 import Http1Pool, Http1Response
 from gateway.registry import BackendEntry, Lease, Registry
 from gateway.retry import Retryable, RetryExecutor
 from gateway.routing import Backend, Decision
@@ -72,14 +73,14 @@ def _uncancel() -> None:
 class Upstream:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: Http1Pool,
         registry: Registry,
         telemetry: Telemetry,
         settings: Settings,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.session, self.registry, self.telemetry, self.clock = (
-            session, registry, telemetry, clock)  # fmt: skip
+        self.pool, self.registry, self.telemetry, self.clock = (
+            pool, registry, telemetry, clock)  # fmt: skip
         self.retry = RetryExecutor(settings.retry, self)
         self.continuation = settings.continuation
         self.hedge = settings.hedge
@@ -87,10 +88,6 @@ class Upstream:
         # Who learns from hedges (the latency model), set by whoever builds both.
         self.learner: Learner | None = None
         self.first_byte_timeout_s = settings.retry.first_byte_timeout_s
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.connect_timeout_s,
-            sock_read=settings.request_timeout_s,
-        )  # fmt: skip
         # With no API keys of its own, the gateway lets the client's credentials through.
         self.passthrough_auth = not settings.api_keys
 
@@ -176,21 +173,20 @@ class Upstream:
 
     async def _open(
         self, ex: Exchange, lease: Lease, request: tuple[str, bytes], hedge: bool = True
-    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+    ) -> tuple[Lease, Http1Response, bytes]:
         """Send `request` (path, body) to the lease's backend and wait for its first body
         bytes (a whole answer when it does not stream); Retryable if that fails. A stream
         slow to start is hedged (gateway.hedge) unless `hedge` is False: the lease, response
         and bytes returned are then the first to answer."""
         entry = lease.entry
         wire = entry.adapter
-        resp: aiohttp.ClientResponse | None = None
+        resp: Http1Response | None = None
         after = self._hedge_after(ex) if hedge and ex.stream else None
         try:
             path, payload = request
             # A stream's headers come at once from a live engine: one that accepts the
             # connection but answers nothing by the hedge deadline is abandoned.
-            post = self.session.post(entry.url + path, data=payload, timeout=self.timeout,
-                                     headers=self._headers(ex, entry))  # fmt: skip
+            post = self.pool.post(entry.url, path, payload, self._headers(ex, entry))
             if after is None:  # no hedge: no deadline on the headers beyond the client's own
                 resp = await post
             else:
@@ -239,8 +235,8 @@ class Upstream:
         return lease, resp, first
 
     async def _first_bytes(
-        self, ex: Exchange, lease: Lease, resp: aiohttp.ClientResponse, after: float | None
-    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+        self, ex: Exchange, lease: Lease, resp: Http1Response, after: float | None
+    ) -> tuple[Lease, Http1Response, bytes]:
         """A stream's first bytes, hedged past `after` seconds (None: never) when another
         candidate can take it."""
         entry, limit = lease.entry, self.first_byte_timeout_s
@@ -267,9 +263,9 @@ class Upstream:
         self,
         ex: Exchange,
         lease: Lease,
-        resp: aiohttp.ClientResponse,
+        resp: Http1Response,
         to: tuple[Backend, float],
-    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+    ) -> tuple[Lease, Http1Response, bytes]:
         """Race the slow stream against the same request on `to` (a backend, and the seconds
         left): the first bytes to arrive win; the loser is closed and its lease given back.
         The slow backend's wait so far teaches the latency model a TTFT it at least has."""
@@ -303,7 +299,7 @@ class Upstream:
                     self.registry.request_failed(lease.entry, "slow_start")
                     resp.close()
                     lease.__exit__(None, None, None)
-                    won: tuple[Lease, aiohttp.ClientResponse, bytes] = fast.result()
+                    won: tuple[Lease, Http1Response, bytes] = fast.result()
                     return won
             error = slow.exception() or fast.exception()
             raise error if error is not None else Retryable("empty_stream")
@@ -318,7 +314,7 @@ class Upstream:
 
     async def _hedge_attempt(
         self, ex: Exchange, backend: Backend
-    ) -> tuple[Lease, aiohttp.ClientResponse, bytes]:
+    ) -> tuple[Lease, Http1Response, bytes]:
         """The hedge's own attempt, in a task of its own (so its lease is cancelled alone if
         its backend is ejected); its lease outlives the task when it wins."""
         entry = self.registry.entry(backend.url)
@@ -364,7 +360,7 @@ class Upstream:
     async def _relay(
         self,
         ex: Exchange,
-        resp: aiohttp.ClientResponse,
+        resp: Http1Response,
         first: bytes,
         relay: StreamRelay,
         lease: Lease,

@@ -1,0 +1,260 @@
+"""The gateway's upstream HTTP/1.1 client against scripted servers on loopback sockets: pooling,
+streaming, the stale-connection retry, timeouts and broken answers, each as aiohttp's errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+
+from gateway.http1 import Http1Pool
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + await reader.readexactly(length)
+
+
+class Server:
+    """Counts connections and requests; `handle` answers each connection."""
+
+    def __init__(self, handle: Handler) -> None:
+        self.handle, self.connections = handle, 0
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handle(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@asynccontextmanager
+async def serving(handle: Handler) -> AsyncIterator[Server]:
+    server = Server(handle)
+    srv = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+    server.port = srv.sockets[0].getsockname()[1]
+    try:
+        yield server
+    finally:
+        srv.close()
+
+
+def pool(**kw: float) -> Http1Pool:
+    args = {"connect_timeout_s": 1.0, "read_timeout_s": 1.0, "keepalive_s": 4.0, **kw}
+    return Http1Pool(**args)  # type: ignore[arg-type]
+
+
+async def test_keeps_one_connection_alive_for_sequential_requests() -> None:
+    seen: list[bytes] = []
+
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            seen.append(await read_request(r))
+            w.write(OK)
+
+    async with serving(answer) as srv:
+        p = pool()
+        for _ in range(3):
+            resp = await p.post(srv.url, "/v1/completions", b'{"a":1}', {"x-request-id": "r1"})
+            assert (resp.status, resp.headers["Content-Type"]) == (200, "application/json")
+            assert await resp.read() == b"{}"
+            resp.release()
+        await p.aclose()
+    assert srv.connections == 1
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+    assert f"host: 127.0.0.1:{srv.port}".encode() in head
+    assert b"x-request-id: r1" in head
+    assert body == b'{"a":1}'
+
+
+async def test_streams_chunked_bodies_piece_by_piece() -> None:
+    go = asyncio.Event()
+
+    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await w.drain()
+        await go.wait()
+        w.write(b"6\r\n world\r\n0\r\n\r\n")
+        await w.drain()
+        await asyncio.sleep(1)
+
+    async with serving(stream) as srv:
+        p = pool()
+        resp = await p.post(srv.url, "/x", b"", {})
+        assert await resp.content.readany() == b"hello"
+        go.set()
+        assert await resp.content.readany() == b" world"
+        assert await resp.content.readany() == b""
+        resp.release()
+        await p.aclose()
+
+
+async def test_an_idle_connection_closed_by_the_engine_is_replaced_transparently() -> None:
+    async def one_answer_then_close(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(OK)
+        await w.drain()
+        await asyncio.sleep(0.05)  # closed while the client holds it idle
+
+    async with serving(one_answer_then_close) as srv:
+        p = pool()
+        for _ in range(3):
+            resp = await p.post(srv.url, "/x", b"{}", {})
+            assert await resp.read() == b"{}"
+            resp.release()
+            await asyncio.sleep(0.1)
+        await p.aclose()
+    assert srv.connections == 3
+
+
+async def test_a_body_left_unread_does_not_go_back_to_the_pool() -> None:
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01234")
+            await w.drain()
+
+    async with serving(answer) as srv:
+        p = pool()
+        for _ in range(2):
+            resp = await p.post(srv.url, "/x", b"{}", {})
+            resp.release()
+        await p.aclose()
+    assert srv.connections == 2
+
+
+async def test_idle_connections_expire_after_the_keepalive_time() -> None:
+    now = [0.0]
+
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)
+            w.write(OK)
+
+    async with serving(answer) as srv:
+        p = Http1Pool(connect_timeout_s=1, read_timeout_s=1, keepalive_s=4, clock=lambda: now[0])
+        for t in (0.0, 3.0, 8.0):
+            now[0] = t
+            resp = await p.post(srv.url, "/x", b"{}", {})
+            await resp.read()
+            resp.release()
+        await p.aclose()
+    assert srv.connections == 2  # reused at 3 s, expired by 8 s
+
+
+async def test_a_silent_engine_times_out_as_a_timeout_error() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        await asyncio.sleep(5)
+
+    async with serving(silent) as srv:
+        p = pool(read_timeout_s=0.2)
+        with pytest.raises(TimeoutError):
+            await p.post(srv.url, "/x", b"{}", {})
+        await p.aclose()
+
+
+async def test_a_stream_that_goes_silent_times_out_mid_body() -> None:
+    async def stalls(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
+        await asyncio.sleep(5)
+
+    async with serving(stalls) as srv:
+        p = pool(read_timeout_s=0.2)
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        assert await resp.readany() == b"a"
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await resp.readany()
+        resp.close()
+        await p.aclose()
+
+
+async def test_close_fails_a_pending_read_at_once() -> None:
+    async def stalls(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await asyncio.sleep(5)
+
+    async with serving(stalls) as srv:
+        p = pool(read_timeout_s=5)
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        reading = asyncio.ensure_future(resp.readany())
+        await asyncio.sleep(0.05)
+        resp.close()
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await asyncio.wait_for(reading, 1)
+        await p.aclose()
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", aiohttp.ClientPayloadError),
+        (b"", aiohttp.ServerDisconnectedError),  # closed without a word
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n01", aiohttp.ClientConnectionError),
+    ],
+    ids=["garbage", "closed", "cut-short"],
+)
+async def test_broken_answers_are_aiohttp_errors(answer: bytes, error: type[Exception]) -> None:
+    async def broken(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(answer)
+        await w.drain()
+
+    async with serving(broken) as srv:
+        p = pool()
+
+        async def whole() -> bytes:
+            resp = await p.post(srv.url, "/x", b"{}", {})
+            return await resp.read()
+
+        with pytest.raises(error):
+            await whole()
+        await p.aclose()
+
+
+async def test_connection_refused_is_a_connection_error() -> None:
+    async with serving(read_request) as srv:  # type: ignore[arg-type]
+        url = srv.url
+    p = pool()
+    with pytest.raises(aiohttp.ClientConnectionError, match="cannot connect"):
+        await p.post(url, "/x", b"{}", {})
+    await p.aclose()
+
+
+async def test_a_backend_url_with_a_path_prefixes_the_request_path() -> None:
+    seen: list[bytes] = []
+
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(r))
+        w.write(OK)
+
+    async with serving(answer) as srv:
+        p = pool()
+        resp = await p.post(srv.url + "/engine-a/", "/v1/completions", b"{}", {})
+        await resp.read()
+        resp.release()
+        await p.aclose()
+    assert seen[0].startswith(b"POST /engine-a/v1/completions HTTP/1.1\r\n")
