@@ -191,12 +191,16 @@ class Proxy:
 
     @staticmethod
     async def _serve(gw: Gateway, ex: Exchange) -> None:
-        try:
-            decision = await gw.admission.admit(ex)
-        except GatewayError as e:
-            await gw.reject(ex, e)
-            return
-        await gw.upstream.forward(ex, decision)
+        while True:
+            try:
+                decision = await gw.admission.admit(ex)
+            except GatewayError as e:
+                await gw.reject(ex, e)
+                return
+            if await gw.upstream.forward(ex, decision):
+                break
+            # Every candidate filled up since the decision (another worker took the last
+            # slot): decide again, and queue if everything is saturated now.
         gw.telemetry.record(ex)
         gw.learner.finished(ex)
 
