@@ -242,7 +242,7 @@ class BackendView(BaseModel):
 
 
 class StateStoreView(BaseModel):
-    kind: Literal["memory", "redis"]
+    kind: Literal["memory", "shared", "redis"]
     healthy: bool
 
 
@@ -255,3 +255,7 @@ class GatewayState(BaseModel):
     slo_tpot_ms: float = Field(description="The default TPOT SLO.")
     state_store: StateStoreView
     backends: list[BackendView]
+    pid: int = Field(
+        description="The gateway process that answered: one of several with `tiergate serve"
+        " --workers N`, each serving the connections the kernel gives it."
+    )

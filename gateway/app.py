@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -52,7 +53,7 @@ from gateway.registry import Registry
 from gateway.router import Router
 from gateway.server import CLIENT_GONE
 from gateway.settings import Settings
-from gateway.state import InflightStore, make_store
+from gateway.state import InflightStore, RedisInflightStore, SharedInflightStore, make_store
 from gateway.telemetry import Telemetry
 from gateway.upstream import Upstream
 
@@ -89,12 +90,17 @@ class Gateway:
 
 
 @asynccontextmanager
-async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncIterator[Gateway]:
+async def open_gateway(
+    settings: Settings, drain: Drain | None = None, store: InflightStore | None = None
+) -> AsyncIterator[Gateway]:
     """Build the gateway, start its background work (state sync, load monitor), and take it
-    all down again on exit. `drain`: the shutdown state its runner shares (a new one if none)."""
+    all down again on exit. `drain`: the shutdown state its runner shares (a new one if none);
+    `store`: the in-flight counts (`make_store(settings.redis_url)` if none; a worker of
+    several passes its view of the table the workers share)."""
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
-        store = make_store(settings.redis_url)
+        if store is None:
+            store = make_store(settings.redis_url)
         connector = aiohttp.TCPConnector(
             limit=0, ttl_dns_cache=300, enable_cleanup_closed=True,
             keepalive_timeout=settings.upstream_keepalive_s,
@@ -138,11 +144,17 @@ async def open_gateway(settings: Settings, drain: Drain | None = None) -> AsyncI
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()
         stack.push_async_callback(gw.upstream.watchdog.aclose)
-        state = "redis" if settings.redis_url else "memory"
+        state = _store_kind(store)
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
             "policy": router.name, "state": state}})  # fmt: skip
         yield gw
+
+
+def _store_kind(store: InflightStore) -> Literal["memory", "shared", "redis"]:
+    if isinstance(store, RedisInflightStore):
+        return "redis"
+    return "shared" if isinstance(store, SharedInflightStore) else "memory"
 
 
 class Proxy:
@@ -217,12 +229,16 @@ class Proxy:
 
     @staticmethod
     async def _serve(gw: Gateway, ex: Exchange) -> None:
-        try:
-            decision = await gw.admission.admit(ex)
-        except GatewayError as e:
-            await gw.reject(ex, e)
-            return
-        await gw.upstream.forward(ex, decision)
+        while True:
+            try:
+                decision = await gw.admission.admit(ex)
+            except GatewayError as e:
+                await gw.reject(ex, e)
+                return
+            if await gw.upstream.forward(ex, decision):
+                break
+            # Every candidate filled up since the decision (another worker took the last
+            # slot): decide again, and queue if everything is saturated now.
         gw.telemetry.record(ex)
         gw.learner.finished(ex)
 
@@ -312,12 +328,13 @@ def _gateway(request: Request) -> Gateway:
     return gw
 
 
-def create_app(settings: Settings) -> GatewayApp:
+def create_app(settings: Settings, store: InflightStore | None = None) -> GatewayApp:
+    """The app; `store`: as for `open_gateway`."""
     drain = Drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        async with open_gateway(settings, drain) as gw:
+        async with open_gateway(settings, drain, store) as gw:
             yield {"gateway": gw}
 
     app = FastAPIOffline(
@@ -402,10 +419,9 @@ def create_app(settings: Settings) -> GatewayApp:
             latency_open=gw.router.state.latency_open,
             slo_ttft_ms=settings.slo.ttft_ms,
             slo_tpot_ms=settings.slo.tpot_ms,
-            state_store=api.StateStoreView(
-                kind="redis" if settings.redis_url else "memory", healthy=gw.store.healthy
-            ),
+            state_store=api.StateStoreView(kind=_store_kind(gw.store), healthy=gw.store.healthy),
             backends=rows,
+            pid=os.getpid(),
         )
 
     @app.get(
@@ -423,9 +439,7 @@ def create_app(settings: Settings) -> GatewayApp:
         """Prometheus metrics."""
         gw = _gateway(request)
         t = gw.telemetry
-        t.state_up.labels("redis" if settings.redis_url else "memory").set(
-            1 if gw.store.healthy else 0
-        )
+        t.state_up.labels(_store_kind(gw.store)).set(1 if gw.store.healthy else 0)
         return Response(generate_latest(t.registry), media_type=CONTENT_TYPE_LATEST)
 
     # Every answer the gateway gives itself is OpenAI error JSON, unknown paths included.

@@ -16,51 +16,37 @@ if TYPE_CHECKING:
 
 def run(settings: Settings, banner: Callable[[], None] | None = None) -> None:
     """Run the gateway in the foreground; call `banner` once it answers /ready. SIGTERM and
-    SIGINT drain it (gateway.server), and it returns once drained."""
+    SIGINT drain it (gateway.server), and it returns once drained. With `settings.workers`
+    above 1, as that many processes on the one port (gateway.workers)."""
+    if settings.workers > 1:
+        from gateway.workers import supervise
+
+        def ready(port: int) -> None:
+            _wait_ready(port)
+            if banner is not None:
+                banner()
+
+        if supervise(settings, ready if banner is not None else None):
+            raise typer.Exit(1)
+        return
+
     import asyncio
-    import gc
 
     import uvloop
 
     from gateway.app import create_app
-    from gateway.server import CUT_GRACE_S, GatewayConfig, GatewayServer, Guard, raise_fd_limit
+    from gateway.server import build_server, run_server
 
-    app = create_app(settings)
-    config = GatewayConfig(
-        app,
-        Guard(settings.server),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        # uvicorn's few lines go through the gateway's own (structured) logging.
-        log_config=None,
-        access_log=False,
-        # The app reads no client address; X-Forwarded-For rewriting costs every request.
-        proxy_headers=False,
-        loop="uvloop",
-        timeout_keep_alive=settings.server.keepalive_timeout_s,
-        # A last resort only: the drain ends every request at its own deadline.
-        timeout_graceful_shutdown=settings.shutdown.drain_timeout_s + CUT_GRACE_S,
-    )
-    server = GatewayServer(config, app.drain, settings.shutdown)
-    # Each client connection may hold an engine connection too.
-    raise_fd_limit(2 * settings.server.max_connections + 256)
+    server = build_server(settings, create_app(settings))
+
+    async def announce() -> None:
+        await asyncio.to_thread(_wait_ready, settings.port)
+        if banner is not None:
+            banner()
 
     async def main() -> None:
         server.listen()
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
-            await asyncio.sleep(0.05)
-        if server.started:
-            # Objects alive after start-up (the app's lifespan built the gateway) live for the
-            # whole process: keep them out of the collector's full passes, which otherwise
-            # showed up as 30-90 ms stalls in the latency tail.
-            gc.collect()
-            gc.freeze()
-        if banner is not None and server.started:
-            await asyncio.to_thread(_wait_ready, settings.port)
-            banner()
-        await task
+        await run_server(server, started=announce if banner is not None else None)
 
     uvloop.run(main())
     if not server.started:
@@ -98,6 +84,13 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to bind (default 0.0.0.0).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
     log_level: Annotated[str | None, typer.Option(help="Logging level.")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Gateway processes serving the port, sharing their in-flight counts "
+            "(TIERGATE_WORKERS; default 1)."
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway alone, in front of the engines a config file names (real vLLM, Triton
     or simulators). Environment variables TIERGATE_* override the file."""
@@ -106,7 +99,7 @@ def serve(
 
     overrides = {
         k: v
-        for k, v in {"host": host, "port": port, "log_level": log_level}.items()
+        for k, v in {"host": host, "port": port, "log_level": log_level, "workers": workers}.items()
         if v is not None
     }
     try:

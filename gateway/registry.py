@@ -54,6 +54,10 @@ class BackendEntry:
     config: BackendConfig
     adapter: WireAdapter
     inflight_gauge: Any  # tiergate_inflight{tier,backend}
+    # The hard cap a lease checks as it takes its slot: a latency backend's when several
+    # workers share the counts (another may take the last slot between a decision and its
+    # lease); None: the decision's view is enough (one process decides and leases in one step).
+    cap: int | None = None
     live: LiveStatus = field(default_factory=LiveStatus)
     outlier: OutlierState = field(default_factory=OutlierState)
     # Attempts holding a lease here that have not had their first byte: an ejection cancels
@@ -185,8 +189,14 @@ class Lease:
         self.on_cut: Callable[[], None] | None = None
 
     def __enter__(self) -> Lease:
-        e = self.entry
-        self.registry.store.acquire(e.url)
+        """Count the attempt in flight. On a capped backend (`BackendEntry.cap`) that routing
+        last saw below its cap, only while it still is: otherwise `held` stays False, nothing
+        is counted, and the attempt must not go (upstream passes the backend over)."""
+        e, reg = self.entry, self.registry
+        if e.cap is None or reg.seen.get(e.url, 0) >= e.cap:
+            reg.store.acquire(e.url)
+        elif not reg.store.try_acquire(e.url, e.cap):
+            return self
         e.inflight_gauge.inc()
         e.waiting.add(self)
         e.count_lease(1, self.slo, self.registry.clock())
@@ -241,11 +251,18 @@ class Registry:
         # gateway's own in-flight counts.
         self.stale_after = 3 * settings.monitor.scrape_interval_s
         self.entries: dict[str, BackendEntry] = {}
+        cap = settings.policy.latency_hard_cap if settings.workers > 1 else None
         for tier in settings.tiers:
             for cfg in tier.backends:
                 b = Backend(cfg.url, tier.name, Role(tier.role), frozenset(cfg.models))
                 gauge = telemetry.inflight.labels(b.role.value, b.url)
                 self.entries[b.url] = BackendEntry(b, cfg, adapter(cfg.kind), gauge)
+                if b.role is Role.LATENCY:
+                    self.entries[b.url].cap = cap
+        # The in-flight counts of the last snapshot routing got: a lease enforces a backend's
+        # cap only where that count was below it (a policy that knowingly goes past the cap,
+        # as the tier-blind and single-tier baselines do, is not second-guessed).
+        self.seen: Mapping[str, int] = {}
         self.backends = tuple(e.backend for e in self.entries.values())
         self.models = frozenset(m for b in self.backends for m in b.models)
         # Backends by the models they serve, overall and per role: who could ever serve a
@@ -280,7 +297,7 @@ class Registry:
         """The immutable view routing decides on: scraped load merged with in-flight counts
         (the freshest signal: the engines' gauges lag by seconds under load)."""
         now = self.clock()
-        counts = self.store.counts()
+        self.seen = counts = self.store.counts()
         loads = {
             url: BackendLoad(
                 running=(st := e.live).running,

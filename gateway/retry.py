@@ -23,7 +23,7 @@ from typing import Protocol
 from gateway.routing import Backend
 from gateway.settings import RetryConfig
 
-__all__ = ["RetryBudget", "RetryExecutor", "RetryHooks", "Retryable"]
+__all__ = ["Full", "RetryBudget", "RetryExecutor", "RetryHooks", "Retryable"]
 
 
 class Retryable(Exception):
@@ -40,6 +40,15 @@ class Retryable(Exception):
     ) -> None:
         super().__init__(reason)
         self.reason, self.status, self.body, self.headers = reason, status, body, headers or []
+
+
+class Full(Retryable):
+    """The candidate was passed over, not tried: a capped backend had no room left when the
+    attempt came to take it (another gateway worker took its last slot after this request's
+    decision). Not a failure: no backoff, no retry budget, no report against the backend."""
+
+    def __init__(self) -> None:
+        super().__init__("full")
 
 
 class RetryBudget:
@@ -106,8 +115,9 @@ class RetryExecutor:
         self, candidates: Sequence[Backend], attempt: Callable[[Backend], Awaitable[None]]
     ) -> Retryable | None:
         """Try the candidates in order until an attempt succeeds (None) or no retry is left
-        (the last failure). At most `max_attempts`, none started after `deadline_s`, and each
-        retry spends from the budget."""
+        (the last failure; `Full` when every candidate tried was full). At most
+        `max_attempts`, none started after `deadline_s`, and each retry spends from the budget.
+        """
         self.budget.on_request()
         started = self.clock()
         last = Retryable("no_candidate")
@@ -125,6 +135,9 @@ class RetryExecutor:
             try:
                 await attempt(backend)
                 return None
+            except Full as e:
+                if previous is None:
+                    last = e
             except Retryable as e:
                 self.hooks.attempt_failed(backend, e, n)
                 last, previous = e, backend

@@ -349,6 +349,9 @@ class Settings(BaseSettings):
     upstream_keepalive_s: float = Field(default=4.0, gt=0)
     shutdown: ShutdownConfig = ShutdownConfig()
     server: ServerConfig = ServerConfig()
+    # Gateway processes serving the one port (gateway.workers), sharing their in-flight counts;
+    # 1: the gateway runs in the serve process itself.
+    workers: int = Field(default=1, ge=1, le=256)
 
     @field_validator("api_keys", mode="before")
     @classmethod

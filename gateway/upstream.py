@@ -30,7 +30,7 @@ from gateway.exchange import Exchange
 from gateway.hedge import hedge_after, hedge_backend
 from gateway.http1 import Http1Pool, Http1Response
 from gateway.registry import BackendEntry, Lease, Registry
-from gateway.retry import Retryable, RetryExecutor
+from gateway.retry import Full, Retryable, RetryExecutor
 from gateway.routing import Backend, Decision
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
@@ -91,13 +91,18 @@ class Upstream:
         # With no API keys of its own, the gateway lets the client's credentials through.
         self.passthrough_auth = not settings.api_keys
 
-    async def forward(self, ex: Exchange, decision: Decision) -> None:
-        """Answer `ex` from the first candidate that answers; the last failure otherwise."""
+    async def forward(self, ex: Exchange, decision: Decision) -> bool:
+        """Answer `ex` from the first candidate that answers; the last failure otherwise.
+        False, with nothing answered, when every candidate tried was full (`Full`): the
+        request goes back to admission."""
         # A cut before the first byte (the drain's deadline) is answered by the app, which
         # covers every stage before this one too; after it, the stream is ended here.
         failed = await self.retry.run(decision.candidates, functools.partial(self._attempt, ex))
+        if isinstance(failed, Full):
+            return False
         if failed is not None:
             await self._give_up(ex, failed)
+        return True
 
     # -- RetryHooks ------------------------------------------------------------------------
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None:
@@ -179,6 +184,8 @@ class Upstream:
         slow to start is hedged (gateway.hedge) unless `hedge` is False: the lease, response
         and bytes returned are then the first to answer."""
         entry = lease.entry
+        if not lease.held:  # a capped backend filled up since the decision (Lease.__enter__)
+            raise Full
         wire = entry.adapter
         resp: Http1Response | None = None
         after = self._hedge_after(ex) if hedge and ex.stream else None

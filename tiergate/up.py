@@ -24,6 +24,9 @@ def up(
         str | None, typer.Option(envvar="TIERGATE_REDIS_URL", help="Share in-flight state.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Gateway logging level.")] = "info",
+    workers: Annotated[
+        int, typer.Option(help="Gateway processes on the port, sharing in-flight counts.")
+    ] = 1,
     logs: Annotated[Path, typer.Option(help="Folder for the simulators' logs.")] = Path(
         ".tiergate"
     ),
@@ -75,6 +78,7 @@ def up(
                 log_level=log_level,
                 policy={"name": policy},
                 redis_url=redis_url,
+                workers=workers,
             )
         except ConfigError as e:
             typer.echo(f"tiergate: invalid configuration: {e}", err=True)

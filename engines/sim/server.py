@@ -99,6 +99,10 @@ class Simulator:
         self.engine = AsyncEngine(cfg.profile, self.metrics, speedup=cfg.speedup, seed=cfg.seed)
         self.rng = random.Random(cfg.seed)
         self.requests_seen = 0
+        # Requests generating now, and the most at once so far (GET /sim/concurrency): what a
+        # gateway's concurrency limit must hold to, seen from the engine.
+        self.generating = 0
+        self.peak_generating = 0
 
     # -- request intake -----------------------------------------------------------------------
     async def parse(self, request: Request, schema: type[M]) -> M:
@@ -231,35 +235,42 @@ class Simulator:
         """The reply's text, one piece per engine step that advanced it, and whether it is the
         last piece. `on_start` is called when the request is handed to the engine (after the
         fault delays), which the Triton face reports as the end of its queueing."""
-        fault = job.fault
-        if fault.crash:
-            log.warning("crash fault: exiting")
-            os._exit(3)
-        if fault.error:
-            status = self.cfg.faults.error_status
-            raise ApiError(status, f"Simulated engine failure, HTTP {status} (fault injection).")
-        if fault.hang:
-            await asyncio.Event().wait()
-        if fault.slow_first_token_s:
-            await asyncio.sleep(fault.slow_first_token_s)
-        done = 0
-        plan = job.plan
-        if on_start is not None:
-            on_start()
-        # Its arrival is set by the engine, after the front end's delay.
-        seq = Sequence(job.rid, job.prompt_tokens, plan.tokens, job.received,
-                       acceptance=job.acceptance)  # fmt: skip
-        async for n in self.engine.generate(seq, job.received, plan.finish_reason):
-            start, done = done, done + n
-            last = done >= plan.tokens
-            if last and plan.stop_reason:
-                visible = tokens.visible_text(job.seed, plan.tokens, plan.stop_reason)
-                yield visible[len(tokens.text_of(job.seed, 0, start)) :], True
-            else:
-                yield tokens.text_of(job.seed, start, done), last
-            if fault.error_after_first and not last:
-                raise ApiError(500, "Simulated engine failure mid-stream (fault injection).")
-        self.after_request()
+        self.generating += 1
+        self.peak_generating = max(self.peak_generating, self.generating)
+        try:
+            fault = job.fault
+            if fault.crash:
+                log.warning("crash fault: exiting")
+                os._exit(3)
+            if fault.error:
+                status = self.cfg.faults.error_status
+                raise ApiError(
+                    status, f"Simulated engine failure, HTTP {status} (fault injection)."
+                )
+            if fault.hang:
+                await asyncio.Event().wait()
+            if fault.slow_first_token_s:
+                await asyncio.sleep(fault.slow_first_token_s)
+            done = 0
+            plan = job.plan
+            if on_start is not None:
+                on_start()
+            # Its arrival is set by the engine, after the front end's delay.
+            seq = Sequence(job.rid, job.prompt_tokens, plan.tokens, job.received,
+                           acceptance=job.acceptance)  # fmt: skip
+            async for n in self.engine.generate(seq, job.received, plan.finish_reason):
+                start, done = done, done + n
+                last = done >= plan.tokens
+                if last and plan.stop_reason:
+                    visible = tokens.visible_text(job.seed, plan.tokens, plan.stop_reason)
+                    yield visible[len(tokens.text_of(job.seed, 0, start)) :], True
+                else:
+                    yield tokens.text_of(job.seed, start, done), last
+                if fault.error_after_first and not last:
+                    raise ApiError(500, "Simulated engine failure mid-stream (fault injection).")
+            self.after_request()
+        finally:
+            self.generating -= 1
 
     def after_request(self) -> None:
         crash_after = self.cfg.faults.crash_after
@@ -385,6 +396,9 @@ def create_app(cfg: SimConfig) -> Starlette:
     async def load(request: Request) -> Response:
         return JSONResponse({"server_load": sim.engine.load})
 
+    async def concurrency(request: Request) -> Response:
+        return JSONResponse({"generating": sim.generating, "peak": sim.peak_generating})
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(sim.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -426,6 +440,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/ping", health, methods=["GET", "POST"]),
         Route("/version", version),
         Route("/load", load),
+        Route("/sim/concurrency", concurrency),
         Route("/metrics", metrics),
         Route("/sim/faults", handler(faults), methods=["GET", "POST"]),
         Route("/sim/speculative", handler(speculative), methods=["GET", "POST"]),

@@ -1,16 +1,30 @@
-"""In-flight request accounting: in-process, or shared between gateway replicas via Redis."""
+"""In-flight request accounting: in-process, shared by the workers of one host through shared
+memory, or shared between gateway replicas via Redis."""
 
 from __future__ import annotations
 
 from gateway.state.base import InflightStore
 from gateway.state.memory import MemoryInflightStore
 from gateway.state.redis import RedisInflightStore
+from gateway.state.shared import SharedInflightStore, SharedTable
 
-__all__ = ["InflightStore", "MemoryInflightStore", "RedisInflightStore", "make_store"]
+__all__ = [
+    "InflightStore",
+    "MemoryInflightStore",
+    "RedisInflightStore",
+    "SharedInflightStore",
+    "SharedTable",
+    "make_store",
+]
 
 
-def make_store(redis_url: str | None) -> InflightStore:
-    """Redis-backed store when a URL is configured, else the in-process one."""
+def make_store(
+    redis_url: str | None, shared: tuple[SharedTable, int] | None = None
+) -> InflightStore:
+    """Redis-backed store when a URL is configured; else worker `shared[1]`'s view of the table
+    `shared[0]` when the gateway runs as several workers; else the in-process one."""
     if redis_url:
         return RedisInflightStore(redis_url)
+    if shared is not None:
+        return SharedInflightStore(*shared)
     return MemoryInflightStore()

@@ -24,6 +24,13 @@ class InflightStore(Protocol):
 
     def release(self, backend: str) -> None: ...
 
+    def try_acquire(self, backend: str, limit: int) -> bool:
+        """Acquire only while fewer than `limit` requests are in flight there, as this store
+        sees it; False (nothing acquired) otherwise. Strict across the processes that share
+        the store's counts exactly (the shared-memory store), as strict as ``counts`` otherwise.
+        """
+        ...
+
     def counts(self) -> Mapping[str, int]:
         """Best current view across all gateway replicas (a snapshot, not a live view)."""
         ...
@@ -52,6 +59,12 @@ class LocalCounts:
 
     def acquire(self, backend: str) -> None:
         self._counts[backend] = self._counts.get(backend, 0) + 1
+
+    def try_acquire(self, backend: str, limit: int) -> bool:
+        if self._counts.get(backend, 0) >= limit:
+            return False
+        self.acquire(backend)
+        return True
 
     def release(self, backend: str) -> None:
         current = self._counts.get(backend, 0)

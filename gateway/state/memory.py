@@ -21,6 +21,9 @@ class MemoryInflightStore:
     def release(self, backend: str) -> None:
         self._local.release(backend)
 
+    def try_acquire(self, backend: str, limit: int) -> bool:
+        return self._local.try_acquire(backend, limit)
+
     def counts(self) -> Mapping[str, int]:
         return self._local.snapshot()
 

@@ -102,6 +102,11 @@ class RedisInflightStore:
     def release(self, backend: str) -> None:
         self._local.release(backend)
 
+    def try_acquire(self, backend: str, limit: int) -> bool:
+        # Against the same view as counts(): the other replicas' counts are as old as the last
+        # sync, so this is no stricter than the decision that came before it.
+        return self._local.try_acquire(backend, limit - self._others.get(backend, 0))
+
     def counts(self) -> Mapping[str, int]:
         merged = self._local.snapshot()
         for backend, count in self._others.items():

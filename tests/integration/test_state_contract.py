@@ -16,6 +16,8 @@ from gateway.state import (
     InflightStore,
     MemoryInflightStore,
     RedisInflightStore,
+    SharedInflightStore,
+    SharedTable,
     make_store,
 )
 from gateway.state.redis import redact_url
@@ -43,11 +45,19 @@ def prefix() -> str:
     return f"test-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(params=["memory", "redis"])
+# The backends the contract's tests name: the shared store's table is laid out at its start.
+NAMES = ("a", "b", "x", "never-acquired", *(f"b{i}" for i in range(5)))
+
+
+@pytest.fixture(params=["memory", "shared", "redis"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[InflightStore]:
     instance: InflightStore
+    table: SharedTable | None = None
     if request.param == "memory":
         instance = MemoryInflightStore()
+    elif request.param == "shared":
+        table = SharedTable.create(NAMES, workers=2)
+        instance = SharedInflightStore(table, 1)
     else:
         url = request.getfixturevalue("redis_server")
         instance = RedisInflightStore(
@@ -58,6 +68,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[InflightStore]:
         yield instance
     finally:
         await instance.aclose()
+        if table is not None:
+            table.unlink()
 
 
 # --- the contract ----------------------------------------------------------------------------
@@ -113,6 +125,18 @@ async def test_counts_are_snapshots(store: InflightStore) -> None:
     store.acquire("a")
     assert before.get("a") == 1
     assert store.counts().get("a") == 2
+
+
+async def test_try_acquire_stops_at_the_limit(store: InflightStore) -> None:
+    assert store.try_acquire("a", 2)
+    assert store.try_acquire("a", 2)
+    assert not store.try_acquire("a", 2)
+    assert store.counts().get("a") == 2  # the refusal counted nothing
+    store.release("a")
+    assert store.try_acquire("a", 2)
+    store.acquire("a")  # a plain acquire is not capped
+    assert store.counts().get("a") == 3
+    assert not store.try_acquire("a", 3)
 
 
 async def test_aclose_is_idempotent(store: InflightStore) -> None:
@@ -299,3 +323,12 @@ async def test_make_store() -> None:
     store = make_store("redis://127.0.0.1:1/0")  # nothing connects until start()
     assert isinstance(store, RedisInflightStore)
     await store.aclose()
+    table = SharedTable.create(["a"], workers=2)
+    try:
+        assert isinstance(make_store(None, (table, 0)), SharedInflightStore)
+        # With Redis configured, each worker is one more replica of the Redis store.
+        store = make_store("redis://127.0.0.1:1/0", (table, 0))
+        assert isinstance(store, RedisInflightStore)
+        await store.aclose()
+    finally:
+        table.unlink()
