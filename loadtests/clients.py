@@ -1,12 +1,13 @@
-"""`tiergate bench clients`: httpx against aiohttp as an upstream HTTP client, the measurement
-behind the gateway's use of aiohttp for its calls to the engines.
+"""`tiergate bench clients`: httpx, aiohttp and the gateway's own HTTP/1.1 client
+(gateway.http1) as upstream HTTP clients, the measurement behind the gateway's choice of client
+for its calls to the engines.
 
 The same N small requests (`/v1/completions`, 4 tokens) go to one `instant` simulator (no model
-time) at a fixed concurrency over pooled keep-alive connections, once with
-`httpx.AsyncClient` and once with `aiohttp.ClientSession`, alternating over rounds (the order
-rotating) so that drift on the machine falls on both. Reported per library: requests/s and the
-client's CPU seconds per 1000 requests (`time.process_time` of this process, which is what a
-gateway worker spends per proxied request on its upstream side).
+time) at a fixed concurrency over pooled keep-alive connections, with `httpx.AsyncClient`,
+`aiohttp.ClientSession` and `gateway.http1.Http1Pool` in turn, over rounds (the order rotating)
+so that drift on the machine falls on each. Reported per library: requests/s and the client's
+CPU seconds per 1000 requests (`time.process_time` of this process, which is what a gateway
+worker spends per proxied request on its upstream side).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engines.sim.profile import load_profile
+from gateway.http1 import Http1Pool
 from loadtests.overhead import (
     JSON_HEADERS,
     PROFILE,
@@ -42,7 +44,7 @@ from loadtests.overhead import (
 )
 from loadtests.procs import SimProcess
 
-LIBRARIES = ("httpx", "aiohttp")
+LIBRARIES = ("httpx", "aiohttp", "http1")
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,29 @@ async def with_httpx(url: str, payload: bytes, requests: int, concurrency: int) 
         return await _drive(send, "httpx", requests, concurrency)
 
 
+async def with_http1(url: str, payload: bytes, requests: int, concurrency: int) -> ClientRun:
+    base, _, path = url.partition("/v1/")
+    pool = Http1Pool(connect_timeout_s=5, read_timeout_s=30, keepalive_s=30)
+    headers = {"content-type": "application/json"}
+
+    async def send() -> bool:
+        try:
+            resp = await pool.post(base, "/v1/" + path, payload, headers)
+            await resp.read()
+            resp.release()
+            return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    try:
+        return await _drive(send, "http1", requests, concurrency)
+    finally:
+        await pool.aclose()
+
+
+_CLIENTS = {"httpx": with_httpx, "aiohttp": with_aiohttp, "http1": with_http1}
+
+
 async def _measure(
     url: str, requests: int, concurrency: int, rounds: int, progress: Progress
 ) -> dict[str, ClientStat]:
@@ -135,8 +160,7 @@ async def _measure(
     for r in range(rounds):
         for lib in rotation(LIBRARIES, r):
             progress.update(task, description=f"round {r + 1}/{rounds}  {lib}")
-            fn = with_httpx if lib == "httpx" else with_aiohttp
-            runs[lib].append(await fn(url, payload, requests, concurrency))
+            runs[lib].append(await _CLIENTS[lib](url, payload, requests, concurrency))
             progress.advance(task)
     return {lib: ClientStat(lib, rs) for lib, rs in runs.items()}
 
@@ -159,11 +183,12 @@ def rows(stats: dict[str, ClientStat]) -> tuple[list[str], list[list[str]]]:
 
 
 def ratio_line(stats: dict[str, ClientStat]) -> str:
-    a, h = stats["aiohttp"], stats["httpx"]
+    a, h, g = stats["aiohttp"], stats["httpx"], stats["http1"]
     return (
         f"aiohttp / httpx: {a.requests_per_s / h.requests_per_s:.2f}x the requests/s, "
-        f"{a.cpu_s_per_1000 / h.cpu_s_per_1000:.2f}x the client CPU per request "
-        f"(httpx uses {h.cpu_s_per_1000 / a.cpu_s_per_1000:.2f}x aiohttp's CPU per request)"
+        f"{a.cpu_s_per_1000 / h.cpu_s_per_1000:.2f}x the client CPU per request; "
+        f"http1 / aiohttp: {g.requests_per_s / a.requests_per_s:.2f}x the requests/s, "
+        f"{g.cpu_s_per_1000 / a.cpu_s_per_1000:.2f}x the client CPU per request"
     )
 
 
