@@ -84,10 +84,12 @@ class Http1Response:
         return data
 
     def release(self) -> None:
-        self._conn.finish(self._done and self._error is None)
+        if self._conn.resp is self:  # not once the connection serves another request
+            self._conn.finish(self._done and self._error is None)
 
     def close(self) -> None:
-        self._conn.finish(False)
+        if self._conn.resp is self:
+            self._conn.finish(False)
 
     async def _wait(self) -> None:
         conn = self._conn

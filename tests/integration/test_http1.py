@@ -258,3 +258,22 @@ async def test_a_backend_url_with_a_path_prefixes_the_request_path() -> None:
         resp.release()
         await p.aclose()
     assert seen[0].startswith(b"POST /engine-a/v1/completions HTTP/1.1\r\n")
+
+
+async def test_a_finished_response_cannot_close_the_next_request_on_its_connection() -> None:
+    async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)
+            w.write(OK)
+
+    async with serving(answer) as srv:
+        p = pool()
+        first = await p.post(srv.url, "/x", b"{}", {})
+        await first.read()
+        first.release()
+        second = await p.post(srv.url, "/x", b"{}", {})  # the same connection, reused
+        first.close()  # late: must not touch the second request
+        assert await second.read() == b"{}"
+        second.release()
+        await p.aclose()
+    assert srv.connections == 1
