@@ -496,9 +496,9 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
             "(they know no tiers: every engine is a worker), in the same rotation as the "
             "policies. Their latency:throughput split is counted at the engines "
             "(vllm:request_success_total at each phase's start; a request finishing at a phase's "
-            "edge may land in the next one). Every request carries the same prompt, so "
-            "`cache_aware` keeps choosing the engine that served it first until the load gap "
-            "passes its balance thresholds (by default more than 64 requests and 1.5x).",
+            "edge may land in the next one). Every request carries the same prompt: a "
+            "`cache_aware` policy sees one shared prefix, and the latency:throughput column "
+            "shows where its requests went.",
             *(f"- Note: {n}" for n in peers["notes"]),
         ]
     lines += ["", f"![goodput per phase]({name}.png)", ""]
