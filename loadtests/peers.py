@@ -471,6 +471,21 @@ def stream_notes(report: Report, wrk_seconds: int) -> list[str]:
     ]
 
 
+def sse_bound_notes(report: Report) -> list[str]:
+    """Where streams through a proxy outrun the simulator called directly, the SSE figure is
+    not the proxy's ceiling: say what bounds it."""
+    direct = report.value(DIRECT, "sse_tokens_s")
+    faster = [n for n in report.targets if report.value(n, "sse_tokens_s") > direct]
+    if not faster:
+        return []
+    return [
+        f"SSE tokens/s through {', '.join(faster)} exceed direct's ({direct:,.0f}): wrk, the "
+        "simulator and the proxy share the CPUs, and a proxy may change how the events reach wrk "
+        "(how many per read), so this figure is bounded by the machine, not by one proxy alone; "
+        "the CPU per stream compares the proxies' own cost"
+    ]
+
+
 def capacity_notes(report: Report, rate: float) -> list[str]:
     """Where a target's own throughput (wrk) is below the paced load's rate, its latency at 64
     connections is queueing behind its capacity, not a proxy hop's cost: say so."""
@@ -584,7 +599,7 @@ def summarize(
     )
     report.verdicts, noise = verdicts(report)
     report.notes += noise + capacity_notes(report, opts.rate)
-    report.notes += stream_notes(report, opts.wrk_seconds)
+    report.notes += stream_notes(report, opts.wrk_seconds) + sse_bound_notes(report)
     return report
 
 
