@@ -273,6 +273,12 @@ class Telemetry:
             registry=r,
         )
         self._children: dict[tuple[Any, ...], Any] = {}
+        # Rare outcomes exist at 0 from the start: a series born at its first event has no
+        # earlier sample, so rate() and increase() would not count that event.
+        for outcome in ("won", "lost"):
+            self.child(self.hedges, outcome)
+        for outcome in ("continued", "impossible", "failed"):
+            self.child(self.continuations, outcome)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """Cached `metric.labels(*labels)`."""

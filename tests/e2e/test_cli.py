@@ -22,15 +22,33 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _free_pair(taken: int) -> int:
+    """A port that is free with the one after it (`up` puts its simulators on both)."""
+    while True:
+        p = free_port()
+        if taken not in (p, p + 1) and not _port_open(p + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+            return p
+
+
 def test_up_serves_then_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    port, sim_port = free_port(), free_port()
+    port = free_port()
+    sim_port = _free_pair(port)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tiergate", "up", "--port", str(port), "--sim-port",
          str(sim_port), "--throughput", "1", "--speedup", "10", "--logs", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        wait_http(f"http://127.0.0.1:{port}/ready", timeout=30, proc=proc)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/ready", timeout=30, proc=proc)
+        except RuntimeError:
+            said = proc.stdout.read() if proc.stdout else b""  # it exited: the pipe ends
+            raise AssertionError(f"tiergate up did not start:\n{said.decode()[-3000:]}") from None
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                        json={"model": MODEL, "prompt": "hi", "max_tokens": 4})  # fmt: skip
         assert r.status_code == 200
