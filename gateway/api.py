@@ -259,3 +259,7 @@ class GatewayState(BaseModel):
         description="The gateway process that answered: one of several with `tiergate serve"
         " --workers N`, each serving the connections the kernel gives it."
     )
+    served: int = Field(
+        description="Proxied requests this process has completed since it started (/metrics"
+        " counts every worker's)."
+    )

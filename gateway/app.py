@@ -35,7 +35,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
@@ -422,6 +422,7 @@ def create_app(settings: Settings, store: InflightStore | None = None) -> Gatewa
             state_store=api.StateStoreView(kind=_store_kind(gw.store), healthy=gw.store.healthy),
             backends=rows,
             pid=os.getpid(),
+            served=gw.telemetry.served,
         )
 
     @app.get(
@@ -440,7 +441,7 @@ def create_app(settings: Settings, store: InflightStore | None = None) -> Gatewa
         gw = _gateway(request)
         t = gw.telemetry
         t.state_up.labels(_store_kind(gw.store)).set(1 if gw.store.healthy else 0)
-        return Response(generate_latest(t.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(t.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # Every answer the gateway gives itself is OpenAI error JSON, unknown paths included.
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
     from gateway.exchange import Exchange
@@ -105,8 +107,17 @@ def slo_class(tpot_s: float) -> str:
 
 
 class Telemetry:
+    """The gateway's metrics. With several workers (`tiergate serve --workers N`) each worker's
+    values live in files of prometheus_client's multiprocess mode (the supervisor sets
+    PROMETHEUS_MULTIPROC_DIR before it starts them) and /metrics reads every worker's: counters
+    and histograms summed, each gauge as its `multiprocess_mode` says (in-flight and queued
+    counts summed; the views every worker has of the same engine, the most recent)."""
+
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        # Requests this process completed (in /state: which worker served how many).
+        self.served = 0
         self.requests = Counter(
             "tiergate_requests",
             "Proxied requests by serving tier, backend and final status.",
@@ -171,41 +182,48 @@ class Telemetry:
             "Requests in flight through this gateway, by backend.",
             ("tier", "backend"),
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.queued = Gauge(
             "tiergate_queued",
             "Requests held at the gateway because every backend is saturated.",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.backend_queue = Gauge(
             "tiergate_backend_queue_depth",
             "Scraped engine queue depth.",
             ("tier", "backend", "state"),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.backend_kv = Gauge(
             "tiergate_backend_kv_usage",
             "Scraped engine KV-cache usage (0..1).",
             ("tier", "backend"),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.backend_up = Gauge(
             "tiergate_backend_up",
             "1 while the backend is healthy and not ejected.",
             ("tier", "backend"),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.backend_scrape_age = Gauge(
             "tiergate_backend_scrape_age_seconds",
             "Age of the last good scrape.",
             ("tier", "backend"),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.backend_spec_acceptance = Gauge(
             "tiergate_backend_spec_acceptance_rate",
             "Speculative decoding draft acceptance rate (accepted / draft tokens), as scraped.",
             ("tier", "backend"),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.ejections = Counter(
             "tiergate_backend_ejections",
@@ -218,6 +236,7 @@ class Telemetry:
             "1 while the shared in-flight store (Redis) is reachable.",
             ("store",),
             registry=r,
+            multiprocess_mode="livemin",
         )
         self.duration = Histogram(
             "tiergate_request_duration_seconds",
@@ -251,6 +270,7 @@ class Telemetry:
             "The latency model's predicted TPOT of a backend at a given number of streams.",
             ("tier", "backend", "concurrency"),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.latency_limit = Gauge(
             "tiergate_latency_tier_limit",
@@ -258,6 +278,7 @@ class Telemetry:
             " SLO: the golden range the learned policy found.",
             ("backend",),
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.slo_met = Counter(
             "tiergate_slo_met",
@@ -288,8 +309,17 @@ class Telemetry:
             c = self._children[key] = metric.labels(*labels)
         return c
 
+    def exposition(self) -> bytes:
+        """The /metrics page: this process's metrics, or every worker's."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        every = CollectorRegistry()
+        MultiProcessCollector(every, self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(every)
+
     def record(self, ex: Exchange) -> None:
         """Metrics and the log line of one proxied request, once it is over."""
+        self.served += 1
         b, model = ex.backend, ex.model
         tier = b.role.value if b else "none"
         self.child(self.requests, tier, b.url if b else "none", model, str(ex.status)).inc()

@@ -23,6 +23,11 @@ a service manager signalling the whole process group, reaches them too, and each
 count once. A worker that reads the end of the pair (its parent is gone, even killed) drains
 as on SIGTERM, so none is left behind.
 
+Metrics: the workers write theirs in prometheus_client's multiprocess mode, to files in a
+folder the supervisor makes (`/dev/shm/tiergate-metrics-<pid>-<random>`, removed on exit), so
+that /metrics on any worker reports the whole gateway (gateway.telemetry); a dead worker's gauges
+are dropped, its counters kept.
+
 The in-flight counts: without Redis, a shared-memory table (gateway.state.shared), exact, and
 the latency tier's hard cap is checked again under a lock as a lease is taken
 (gateway.registry.Lease), since another worker may take the last slot between a decision and
@@ -37,14 +42,18 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
+
+from prometheus_client.multiprocess import mark_process_dead
 
 from gateway.settings import Settings
 from gateway.state import SharedTable
@@ -88,6 +97,12 @@ def bind(host: str, port: int) -> list[socket.socket]:
     return out
 
 
+def metrics_dir(parent: int) -> str:
+    """A new folder for the workers' metric files: in shared memory where there is one."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    return tempfile.mkdtemp(prefix=f"tiergate-metrics-{parent}-", dir=base)
+
+
 # --- the parent ------------------------------------------------------------------------------
 
 
@@ -124,6 +139,8 @@ class _Supervisor:
                 "host": s.host, "port": s.port, "error": str(e)}})  # fmt: skip
             return 1
         self.port = held[0].getsockname()[1]
+        # Read by each worker's prometheus_client as it is imported: spawned workers inherit it.
+        metrics = os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir(os.getpid())
         if not s.redis_url:
             urls = [b.url for t in s.tiers for b in t.backends]
             self.table = SharedTable.create(list(dict.fromkeys(urls)), s.workers)
@@ -148,6 +165,7 @@ class _Supervisor:
                 worker.process.join()
             if self.table is not None:
                 self.table.unlink()
+            shutil.rmtree(metrics, ignore_errors=True)
             for fd in (wake_r, wake_w):
                 os.close(fd)
             for sock in held:
@@ -215,6 +233,8 @@ class _Supervisor:
         del self.workers[slot]
         if self.table is not None:
             self.table.clear(slot)  # its requests ended with it
+        if process.pid is not None:  # its gauges say nothing any more; its counters stay
+            mark_process_dead(process.pid)  # type: ignore[no-untyped-call]
         fields = {"worker": slot, "pid": process.pid, "exit": process.exitcode}
         if self.stopping:
             if process.exitcode:
@@ -262,6 +282,7 @@ def _work(settings: Settings, spec: WorkerSpec, conn: Connection) -> None:
             log.warning("the workers' parent is gone: draining")
             if spec.table is not None:
                 spec.table.unlink()  # nobody else will
+            shutil.rmtree(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""), ignore_errors=True)
             name = "SIGTERM"
         server.on_signal(signal.Signals[name])
 

@@ -48,20 +48,29 @@ def gateway(stack: Stack, workdir: Path) -> GatewayProcess:
     return gw
 
 
-def workers(gw: GatewayProcess, timeout: float = 30.0) -> dict[int, float]:
-    """{pid: requests it served} for both workers, each reached on a connection of its own
-    (the kernel picks the worker per connection): /state says which, /metrics how many."""
-    seen: dict[int, float] = {}
+def workers(gw: GatewayProcess, timeout: float = 30.0) -> dict[int, tuple[int, float]]:
+    """{pid: (requests it served, requests /metrics counts)} for both workers, each reached on
+    a connection of its own (the kernel picks the worker per connection): /state says which
+    and how many it served, /metrics how many the whole gateway did."""
+    seen: dict[int, tuple[int, float]] = {}
     deadline = time.monotonic() + timeout
     while len(seen) < 2:
         assert time.monotonic() < deadline, f"only workers {sorted(seen)} answered"
         with httpx.Client(base_url=gw.url, timeout=5) as client:  # one kept-alive connection
-            pid = client.get("/state").json()["pid"]
+            state = client.get("/state").json()
             metrics = client.get("/metrics").text
-        seen[pid] = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                        if line.startswith("tiergate_requests_total{"))  # fmt: skip
+        seen[state["pid"]] = (state["served"], requests_counted(metrics))
         time.sleep(0.05)
     return seen
+
+
+def requests_counted(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("tiergate_requests_total{"))  # fmt: skip
+
+
+def metrics_dirs(parent: int) -> list[str]:
+    return glob.glob(f"/dev/shm/tiergate-metrics-{parent}-*")
 
 
 def descendants(pid: int) -> set[int]:
@@ -137,8 +146,11 @@ def test_two_workers_share_the_port_and_hold_the_cap(stack: Stack, tmp_path: Pat
     done = asyncio.run(load(gw.url, 5))
     assert done == STREAMS * 5
     served = workers(gw)
-    assert all(n > 0 for n in served.values()), served
-    assert sum(served.values()) == done
+    assert all(mine > 0 for mine, _ in served.values()), served
+    assert sum(mine for mine, _ in served.values()) == done
+    # Either worker's /metrics counts the whole gateway's requests, and its gauges sum theirs.
+    assert all(counted == done for _, counted in served.values()), served
+    assert len(metrics_dirs(gw.pid)) == 1
     # As the latency engine counted its requests: the cap reached, and never passed.
     seen = httpx.get(stack.latency[0].url + "/sim/concurrency").json()
     assert seen["peak"] == CAP, seen
@@ -182,6 +194,7 @@ def test_two_workers_share_the_port_and_hold_the_cap(stack: Stack, tmp_path: Pat
     assert gw.proc.wait(30) == 0  # type: ignore[union-attr]
     wait_for(lambda: not alive(processes), 10, f"left behind: {alive(processes)}")
     assert shm_files(gw.pid) == []
+    assert metrics_dirs(gw.pid) == []
 
 
 def test_a_dead_worker_is_replaced_and_none_outlives_a_killed_parent(
@@ -189,12 +202,21 @@ def test_a_dead_worker_is_replaced_and_none_outlives_a_killed_parent(
 ) -> None:
     gw = gateway(stack, tmp_path)
     assert len(shm_files(gw.pid)) == 1
-    first = set(workers(gw))
+    for _ in range(20):  # a connection each: both workers serve some
+        r = httpx.post(gw.url + "/v1/completions", json={**body(4), "stream": False}, timeout=10)
+        assert r.status_code == 200
+    before = workers(gw)
+    assert {counted for _, counted in before.values()} == {20}
+    assert all(mine > 0 for mine, _ in before.values()), before
+    first = set(before)
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
-    now = set(workers(gw))  # both answering again: the survivor and a replacement
+    after = workers(gw)  # both answering again: the survivor and a replacement
+    now = set(after)
     assert victim not in now
     assert first - {victim} <= now
+    # The dead worker's counts stay in the gateway's totals.
+    assert {counted for _, counted in after.values()} == {counted for _, counted in before.values()}
 
     processes = descendants(gw.pid)
     gw.proc.kill()  # type: ignore[union-attr]
@@ -203,6 +225,7 @@ def test_a_dead_worker_is_replaced_and_none_outlives_a_killed_parent(
     # removes the shared-memory file the parent could not.
     wait_for(lambda: not alive(processes), 15, f"left behind: {alive(processes)}")
     assert shm_files(gw.pid) == []
+    assert metrics_dirs(gw.pid) == []
 
 
 async def test_a_slot_another_worker_took_sends_the_request_back_to_admission() -> None:
