@@ -48,6 +48,14 @@ def sim(
         int | None, typer.Option(help="Override the KV-cache capacity, in blocks of 16 tokens.")
     ] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Override the context length.")] = None,
+    prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="Automatic prefix caching, as vLLM's (on unless the profile turns it off).",
+            show_default=False,
+        ),
+    ] = None,
     speedup: Annotated[
         float, typer.Option(help="Run the same scheduler N times faster than real time.")
     ] = 1.0,
@@ -94,7 +102,10 @@ def sim(
 
     _logging(log_level)
     prof = load_profile(profile).with_overrides(
-        max_num_seqs=max_num_seqs, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len
+        max_num_seqs=max_num_seqs,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max_model_len,
+        enable_prefix_caching=prefix_caching,
     )
     if acceptance is not None:
         prof = prof.with_overrides(speculative=_acceptance(prof, acceptance))

@@ -57,6 +57,7 @@ class AsyncEngine:
         self._task: asyncio.Task[None] | None = None
         self._frozen = False
         self._preemptions_seen = 0
+        self._prefix_seen = (0, 0)  # the scheduler's prefix-cache counters already exported
         self._spec_seen = SpecCounters(accepted_per_pos=[0] * self.sched.lookahead)
 
     @property
@@ -134,6 +135,13 @@ class AsyncEngine:
             self._deliver(self.sched.commit(step, end), step.prefills, end)
             self.metrics.preemptions.inc(self.sched.preemptions - self._preemptions_seen)
             self._preemptions_seen = self.sched.preemptions
+            self._publish_prefix_cache()
+
+    def _publish_prefix_cache(self) -> None:
+        sched, (queries, hits) = self.sched, self._prefix_seen
+        self.metrics.prefix_queries.inc(sched.prefix_queries - queries)
+        self.metrics.prefix_hits.inc(sched.prefix_hits - hits)
+        self._prefix_seen = (sched.prefix_queries, sched.prefix_hits)
 
     def _publish_gauges(self) -> None:
         m = self.metrics

@@ -119,6 +119,9 @@ class Profile(BaseModel):
     speculative: Speculative | None = None
     # Mean natural reply length (tokens) when ignore_eos is off: the simulated EOS.
     natural_tokens_mean: int = Field(160, ge=1)
+    # Automatic prefix caching (vLLM V1's default): a prompt's leading blocks already in the KV
+    # pool are not prefilled again; the cache lives in the free part of num_gpu_blocks.
+    enable_prefix_caching: bool = True
 
     @property
     def serial(self) -> bool:

@@ -17,7 +17,12 @@ What is modelled, as vLLM does it:
   emits 1..k+1 tokens for that sequence; lookahead KV slots are reserved for all k+1. The
   acceptance probabilities are the workload's, not the hardware's: `Scheduler.acceptance` starts
   as the profile's and may be replaced at any time (it applies from the next step), and a
-  sequence may carry its own (`Sequence.acceptance`), as a request of another kind of text would.
+  sequence may carry its own (`Sequence.acceptance`), as a request of another kind of text would;
+- automatic prefix caching (engines.sim.prefix): a sequence that carries its prompt's block
+  hashes prefills only what follows its longest cached prefix (at least one token, as vLLM never
+  reuses the whole prompt), and its full prompt blocks stay cached in the free part of the KV
+  pool after it ends. Blocks shared by running sequences are still counted once per sequence, so
+  the pool fills a little sooner than in vLLM when they share prefixes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from engines.sim.prefix import PrefixCache
 from engines.sim.profile import Profile
 
 
@@ -45,6 +51,10 @@ class Sequence:
     finished: bool = False
     # This sequence's draft acceptance (k probabilities); None: the scheduler's.
     acceptance: tuple[float, ...] | None = None
+    # Chained hashes of the prompt's full blocks (engines.sim.prefix); empty: never cached.
+    block_hashes: tuple[int, ...] = ()
+    cached_tokens: int = 0  # of the prompt, found in the prefix cache at first scheduling
+    cache_refs: int = 0  # leading block_hashes this sequence holds a reference on
 
     @property
     def remaining(self) -> int:
@@ -91,6 +101,10 @@ class Scheduler:
         # Read at every decode, so a new vector (k values, each 0..1) takes effect at once.
         self.acceptance: tuple[float, ...] = spec.acceptance if spec else ()
         self.spec = SpecCounters(accepted_per_pos=[0] * self.lookahead)
+        self.cache = PrefixCache() if profile.enable_prefix_caching else None
+        # vLLM's prefix-cache counters: prompt tokens looked up, and those found cached.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     # -- queue management ------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -142,21 +156,30 @@ class Scheduler:
             decodes.append(seq)
             budget -= per_decode
             i += 1
+        self._evict()
         prefills: list[Sequence] = []
         prefill_tokens = 0
         while self.waiting and len(self.running) < p.max_num_seqs:
             seq = self.waiting[0]
-            tokens = seq.context
+            hit = self._cached_blocks(seq)
+            tokens = seq.context - hit * p.block_size
             if tokens > budget and (decodes or prefills):
                 break
-            need = p.blocks_for(tokens + 1)
+            need = p.blocks_for(seq.context + 1)
             if need > self.free_blocks:
                 break  # FCFS: the head of the queue blocks the rest, as in vLLM
             self.waiting.popleft()
             self.free_blocks -= need
             seq.blocks = need
+            if self.cache is not None:
+                self.cache.acquire(seq.block_hashes[:hit])
+                seq.cache_refs = hit
+                self._evict()
             if seq.first_scheduled is None:
                 seq.first_scheduled = now
+                seq.cached_tokens = hit * p.block_size
+                self.prefix_queries += seq.prompt_tokens if self.cache is not None else 0
+                self.prefix_hits += seq.cached_tokens
             self.running.append(seq)
             prefills.append(seq)
             prefill_tokens += tokens
@@ -181,10 +204,29 @@ class Scheduler:
             if seq.finished:
                 continue
             seq.computed = True
+            if self.cache is not None:
+                # Its full prompt blocks are in the KV pool now: later prompts may reuse them.
+                self.cache.acquire(seq.block_hashes[seq.cache_refs :])
+                seq.cache_refs = len(seq.block_hashes)
+                self._evict()
             out.append(self._emit(seq, 1, now))
         return out
 
     # -- internals -------------------------------------------------------------------------
+    def _cached_blocks(self, seq: Sequence) -> int:
+        """Leading prompt blocks of `seq` in the prefix cache, leaving at least one prompt token
+        to compute (vLLM needs one to produce the first token's logits)."""
+        if self.cache is None or not seq.block_hashes:
+            return 0
+        return self.cache.match(
+            seq.block_hashes, (seq.prompt_tokens - 1) // self.profile.block_size
+        )
+
+    def _evict(self) -> None:
+        """Unreferenced cached blocks live in free KV blocks: keep them within that room."""
+        if self.cache is not None:
+            self.cache.evict_to(self.free_blocks)
+
     def _decode_tokens(self, seq: Sequence) -> int:
         if not self.lookahead:
             return 1
@@ -230,3 +272,6 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         self.free_blocks += seq.blocks
         seq.blocks = 0
+        if self.cache is not None and seq.cache_refs:
+            self.cache.release(seq.block_hashes[: seq.cache_refs])
+            seq.cache_refs = 0

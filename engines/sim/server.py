@@ -33,6 +33,7 @@ from engines.front.wire import ApiError, collect, parse_body, sse
 from engines.sim import tokens
 from engines.sim.engine import AsyncEngine, engine_metrics
 from engines.sim.faults import FaultRequest, Faults
+from engines.sim.prefix import block_hashes
 from engines.sim.profile import Profile, Speculative, mean_tokens_per_step
 from engines.sim.scheduler import Sequence
 
@@ -68,6 +69,8 @@ class Job:
     fault: FaultRequest
     received: float
     acceptance: tuple[float, ...] | None = None  # from x-sim-acceptance; None: the engine's
+    block_hashes: tuple[int, ...] = ()  # the prompt's, for prefix caching
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied, once scheduled
 
 
 class SpeculativeUpdate(BaseModel):
@@ -177,6 +180,13 @@ class Simulator:
             acceptance=acceptance,
         )
 
+    def prefix_hashes(self, prompt: list[str] | list[int]) -> tuple[int, ...]:
+        """The prompt's block hashes for the prefix cache (none when it is off)."""
+        profile = self.cfg.profile
+        if not profile.enable_prefix_caching:
+            return ()
+        return block_hashes(prompt, profile.block_size)
+
     # -- speculative acceptance ---------------------------------------------------------------
     def speculative(self) -> Speculative:
         """The drafter as the simulator started (profile, or --acceptance); 400 without one."""
@@ -257,8 +267,9 @@ class Simulator:
                 on_start()
             # Its arrival is set by the engine, after the front end's delay.
             seq = Sequence(job.rid, job.prompt_tokens, plan.tokens, job.received,
-                           acceptance=job.acceptance)  # fmt: skip
+                           acceptance=job.acceptance, block_hashes=job.block_hashes)  # fmt: skip
             async for n in self.engine.generate(seq, job.received, plan.finish_reason):
+                job.cached_tokens = seq.cached_tokens
                 start, done = done, done + n
                 last = done >= plan.tokens
                 if last and plan.stop_reason:
@@ -278,10 +289,14 @@ class Simulator:
             log.warning("crash_after=%d reached: exiting", crash_after)
             os._exit(3)
 
-    def usage(self, job: Job) -> dict[str, int]:
+    def usage(self, job: Job) -> dict[str, Any]:
         n = job.plan.tokens
-        return {"prompt_tokens": job.prompt_tokens, "completion_tokens": n,
-                "total_tokens": job.prompt_tokens + n}  # fmt: skip
+        out: dict[str, Any] = {"prompt_tokens": job.prompt_tokens, "completion_tokens": n,
+                               "total_tokens": job.prompt_tokens + n}  # fmt: skip
+        if job.cached_tokens:
+            # As vLLM with --enable-prompt-tokens-details: only when the cache supplied some.
+            out["prompt_tokens_details"] = {"cached_tokens": job.cached_tokens}
+        return out
 
 
 async def _stream(
@@ -335,8 +350,9 @@ def create_app(cfg: SimConfig) -> Starlette:
 
     async def completions(request: Request) -> Response:
         body = await sim.parse(request, CompletionRequest)
-        n_prompt = _count_completion_prompt(body.prompt)
-        job = sim.admit(request, body, n_prompt, body.max_tokens, "cmpl")
+        prompt = _completion_prompt(body.prompt)
+        job = sim.admit(request, body, tokens.count_prompt(prompt), body.max_tokens, "cmpl")
+        job.block_hashes = sim.prefix_hashes(tokens.prompt_tokens(prompt))
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
             stop_reason = job.plan.stop_reason if finish else None
@@ -357,6 +373,9 @@ def create_app(cfg: SimConfig) -> Starlette:
         n_prompt = tokens.count_chat([m.text() for m in body.messages])
         job = sim.admit(request, body, n_prompt, body.max_completion_tokens or body.max_tokens,
                         "chatcmpl")  # fmt: skip
+        job.block_hashes = sim.prefix_hashes(
+            tokens.chat_tokens([(m.role, m.text()) for m in body.messages])
+        )
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
             stop_reason = job.plan.stop_reason if finish else None
@@ -450,17 +469,17 @@ def create_app(cfg: SimConfig) -> Starlette:
     return app
 
 
-def _count_completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str | list[int]:
+    """The one prompt of a completion request: text, or token ids."""
     if isinstance(prompt, str):
-        return tokens.count_text(prompt)
+        return prompt
     if not prompt:
         raise ApiError(400, "prompt must not be empty", "prompt")
     if all(isinstance(t, int) for t in prompt):
-        return len(prompt)
+        return prompt  # type: ignore[return-value]
     if len(prompt) != 1:
         raise ApiError(400, "The simulator serves one prompt per request.", "prompt")
-    first = prompt[0]
-    return tokens.count_text(first) if isinstance(first, str) else max(1, len(first))  # type: ignore[arg-type]
+    return prompt[0]  # type: ignore[return-value]
 
 
 def merge_faults(current: Faults, changes: Any) -> Faults:

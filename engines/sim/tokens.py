@@ -5,7 +5,9 @@ Prompt tokens, the documented rule:
 - a list of token ids counts its length;
 - a chat conversation counts, per message, the words of its content plus 4 (role and separators),
   plus 2 for the assistant header the template appends.
-So a benchmark that wants a 50-token prompt sends 50 words.
+So a benchmark that wants a 50-token prompt sends 50 words. The tokens themselves (what prefix
+caching compares) are those words, the ids of a token-id prompt, and for a chat each message
+rendered as `<|start|> role <|sep|> words... <|end|>` followed by `<|start|> assistant`.
 
 Output text: one word per token, each with a leading space, from a fixed vocabulary in an order
 that depends only on the request's seed (default 0), so replies are reproducible and a `stop`
@@ -43,6 +45,19 @@ def count_prompt(prompt: str | Sequence[int]) -> int:
 def count_chat(contents: Sequence[str]) -> int:
     words = sum(len(c.split()) + CHAT_MESSAGE_OVERHEAD for c in contents)
     return words + CHAT_REPLY_HEADER
+
+
+def prompt_tokens(prompt: str | Sequence[int]) -> list[str] | list[int]:
+    """The tokens of a completion prompt (words, or the ids given), as counted by count_prompt."""
+    return prompt.split() if isinstance(prompt, str) else list(prompt)
+
+
+def chat_tokens(messages: Sequence[tuple[str, str]]) -> list[str]:
+    """The rendered conversation of (role, content) pairs: count_chat tokens of it."""
+    out: list[str] = []
+    for role, content in messages:
+        out += ["<|start|>", role, "<|sep|>", *content.split(), "<|end|>"]
+    return [*out, "<|start|>", "assistant"]
 
 
 def word(seed: int, i: int) -> str:

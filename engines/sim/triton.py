@@ -435,7 +435,9 @@ class TritonFront:
             raise ApiError(500, f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
         # vLLM's engine stops a sequence at the context length rather than refusing it.
         max_tokens = min(body.max_tokens or 16, limit - n_prompt)
-        return self.sim.admit(request, body, n_prompt, max_tokens, "triton"), n_prompt
+        job = self.sim.admit(request, body, n_prompt, max_tokens, "triton")
+        job.block_hashes = self.sim.prefix_hashes(tokens.prompt_tokens(gen.text))
+        return job, n_prompt
 
     def response(
         self, gen: Generate, job: Job, text: str, finish: str | None, n_out: int
