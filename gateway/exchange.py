@@ -50,6 +50,7 @@ class Exchange:
     pinned: Role | None = None  # x-tiergate-tier
     exclude: frozenset[str] = frozenset()  # backends that cannot serve this request
     slo: Slo = DEFAULT_SLO  # the configured default, or x-tiergate-slo-ttft-ms / -tpot-ms
+    affinity: int | None = None  # the prefix-cache affinity key (gateway.routing.affinity)
     # Per-request work a wire adapter did once for all attempts (e.g. a translated body).
     prepared: dict[str, object] = field(default_factory=dict)
     # -- admission
@@ -105,7 +106,9 @@ class Exchange:
 
     def route_request(self) -> RouteRequest:
         """The features routing may look at."""
-        return RouteRequest(self.model, self.pinned, self.stream, self.exclude, self.slo)
+        return RouteRequest(
+            self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity
+        )
 
     @property
     def response_headers(self) -> list[tuple[bytes, bytes]]:

@@ -10,6 +10,7 @@ offending `param`; nothing here talks to a backend.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import math
@@ -26,6 +27,7 @@ from gateway.errors import GatewayError
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.registry import Registry
 from gateway.routing import Role, Slo
+from gateway.routing.affinity import affinity_key
 from gateway.settings import Settings
 
 __all__ = ["ClientGone", "Intake", "Receive"]
@@ -52,6 +54,9 @@ class Intake:
         self.api_keys = frozenset(
             f"Bearer {k.get_secret_value()}".encode() for k in settings.api_keys
         )
+        # Affinity keys matter only where a tier has several backends to choose from.
+        per_tier = collections.Counter(b.tier for b in registry.backends)
+        self.keyed = settings.policy.prefix_affinity and max(per_tier.values(), default=0) > 1
         # Request ids: a per-process random prefix and a counter; unique, and far cheaper
         # than uuid4 per request.
         self._rid_prefix = uuid.uuid4().hex[:16]
@@ -105,6 +110,8 @@ class Intake:
         ex.model = self._model(getattr(parsed, "model", None))
         ex.pinned = self._pin(ex.headers.get(b"x-tiergate-tier"))
         ex.slo = self._slo(ex.headers)
+        if self.keyed:
+            ex.affinity = affinity_of(ex.headers.get(b"x-session-id"), data, ex.endpoint.chat)
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
 
@@ -175,6 +182,39 @@ class Intake:
                     f"{wire.label}.", why.param,
                 )  # fmt: skip
         return frozenset(excluded)
+
+
+# How much of a prompt names its prefix: a few of the engine's 16-token cache blocks.
+_PREFIX_CHARS = 1024
+_PREFIX_IDS = 256
+
+
+def affinity_of(session: bytes | None, data: dict[str, Any], chat: bool) -> int | None:
+    """The request's prefix-cache affinity key: its `x-session-id` header, else its `user`
+    field, else what its conversation shares with its later turns (a chat's messages up to
+    its first user message: the system prompt and the question that opened it) or a prompt's
+    beginning. None when the request has nothing to key on."""
+    if session:
+        return affinity_key(b"session:" + session)
+    user = data.get("user")
+    if isinstance(user, str) and user:
+        return affinity_key(b"user:" + user.encode())
+    if chat:
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        opening = next((i for i, m in enumerate(messages)
+                        if isinstance(m, dict) and m.get("role") == "user"), 0)  # fmt: skip
+        head = json.dumps(messages[: opening + 1], sort_keys=True, separators=(",", ":"))
+        return affinity_key(b"chat:" + head.encode())
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch: its first prompt
+    if isinstance(prompt, str) and prompt:
+        return affinity_key(b"prompt:" + prompt[:_PREFIX_CHARS].encode())
+    if isinstance(prompt, list) and prompt:
+        return affinity_key(b"ids:" + repr(prompt[:_PREFIX_IDS]).encode())
+    return None
 
 
 def _is_json(ctype: bytes) -> bool:

@@ -1,4 +1,5 @@
-"""The routing policy applied to the live registry: snapshot -> policy -> decision.
+"""The routing policy applied to the live registry: snapshot -> policy -> prefix affinity
+within the chosen tier (gateway.routing.affinity) -> decision.
 
 The policy is pure (gateway.routing); this is the one place that gives it a snapshot, keeps
 what it remembers between decisions (its `RouterState`) and owns its seeded random generator.
@@ -14,6 +15,7 @@ import random
 
 from gateway.registry import Registry
 from gateway.routing import Decision, Reason, RouteRequest, RouterState, build_policy
+from gateway.routing.affinity import Affinity
 from gateway.settings import PolicyConfig
 
 __all__ = ["Router"]
@@ -26,6 +28,7 @@ class Router:
         self.registry = registry
         self.policy = build_policy(cfg.name, cfg)
         self.fallback = build_policy("least-loaded", cfg)
+        self.affinity = Affinity.of(cfg) if cfg.prefix_affinity else None
         self.rng = random.Random(cfg.seed)
         self.state = RouterState()
         self.failures = 0
@@ -46,4 +49,6 @@ class Router:
             by_load = self.fallback(req, snap, self.state, self.rng)
             return Decision(by_load.candidates, Reason.POLICY_ERROR, self.name, self.state)
         self.state = decision.state
+        if self.affinity is not None and req.affinity is not None:
+            return self.affinity(req, decision, snap)
         return decision

@@ -145,6 +145,10 @@ class SimProcess(ManagedProcess):
 
     def argv(self) -> list[str]:
         extra: list[str] = []
+        if "--prefix-caching" not in self.args:
+            # The benchmarks send one prompt again and again where the tutorial's sent random
+            # ones, which no prefix cache serves: caching stays off unless asked for.
+            extra.append("--no-prefix-caching")
         if self.api != "vllm":
             extra += ["--api", self.api]
             if self.metrics_port is not None:

@@ -106,6 +106,26 @@ class PolicyParams(BaseModel):
         " predicted TTFT is beyond this many times the request's TTFT SLO.",
     )
 
+    affinity_balance: float = Field(
+        default=0.25,
+        ge=0,
+        description="Prefix-cache affinity inside a tier: a request with an affinity key (a"
+        " session, a conversation, a prompt prefix) goes to its keyed backend of the tier the"
+        " policy chose while that backend holds at most (1 + this) x the tier's mean load.",
+    )
+    affinity_slack: int = Field(
+        default=2,
+        ge=0,
+        description="Requests a keyed backend may hold beyond (1 + affinity_balance) x the"
+        " tier's mean load: at low load the mean is near 0 and a lagging scrape would otherwise"
+        " move a conversation off the instance that has it cached.",
+    )
+    prefix_affinity: bool = Field(
+        default=True,
+        description="Route requests with the same affinity key to the same backend of a tier"
+        " (see affinity_balance); off: the policy's order within the tier stands.",
+    )
+
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
         if self.latency_hard_cap < self.latency_max_concurrency:

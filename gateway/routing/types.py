@@ -137,6 +137,9 @@ class RouteRequest:
     stream: bool = False
     exclude: frozenset[str] = frozenset()
     slo: Slo = field(default_factory=Slo)
+    # What identifies its prompt's prefix (gateway.routing.affinity.affinity_key): requests
+    # sharing it go to the same backend of a tier, where the engine has that prefix cached.
+    affinity: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

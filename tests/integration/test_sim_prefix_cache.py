@@ -21,7 +21,7 @@ CACHED = (3000 - 1) // 16 * 16  # vLLM always computes the last token: 187 block
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimProcess]:
-    with SimProcess(profile="v3", args=["--speedup", "2"]) as s:
+    with SimProcess(profile="v3", args=["--speedup", "2", "--prefix-caching"]) as s:
         yield s
 
 

@@ -52,6 +52,9 @@ def test_names_defined_once() -> None:
         ("explore_rate", 0.02),
         ("explore_after_s", 10.0),
         ("full_ttft_factor", 2.0),
+        ("affinity_balance", 0.25),
+        ("affinity_slack", 2),
+        ("prefix_affinity", True),
     ],
 )
 def test_defaults(field: str, default: float) -> None:
@@ -70,6 +73,9 @@ def test_every_parameter_is_listed_above() -> None:
         "explore_rate",
         "explore_after_s",
         "full_ttft_factor",
+        "affinity_balance",
+        "affinity_slack",
+        "prefix_affinity",
     }
 
 
