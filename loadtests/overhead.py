@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import aiohttp
 import yaml
@@ -1310,16 +1310,53 @@ def chart(report: Report, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(report: Report, opts: Options, console: Console) -> None:
+class Written(Protocol):
+    """A benchmark's report as `save` writes it: JSON, markdown, and a chart when it can."""
+
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class Destinations(Protocol):
+    @property
+    def out(self) -> Path: ...
+
+    @property
+    def chart(self) -> bool: ...
+
+    @property
+    def markdown_path(self) -> Path: ...
+
+    @property
+    def chart_path(self) -> Path: ...
+
+
+R = TypeVar("R", bound=Written)
+
+
+def save(
+    report: R,
+    opts: Destinations,
+    console: Console,
+    draw: Callable[[R, Path], None],
+    render: Callable[[R, Path | None], str],
+) -> None:
+    """Write `report` where `opts` say: its chart (`draw`, skipped with a note without
+    matplotlib), its JSON and its markdown (`render`, given the chart's path)."""
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     png: Path | None = None
     if opts.chart:
         try:
-            chart(report, opts.chart_path)
+            draw(report, opts.chart_path)
             png = opts.chart_path
         except ImportError:
             report.notes.append("chart skipped: matplotlib is not installed (extra `load`)")
     opts.out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    opts.markdown_path.write_text(markdown(report, png))
+    opts.markdown_path.write_text(render(report, png))
     written = [opts.out, opts.markdown_path, *([png] if png else [])]
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def write_outputs(report: Report, opts: Options, console: Console) -> None:
+    save(report, opts, console, chart, markdown)

@@ -784,15 +784,4 @@ def chart(report: Report, path: Path) -> None:
 
 
 def write_outputs(report: Report, opts: Options, console: Console) -> None:
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    png: Path | None = None
-    if opts.chart:
-        try:
-            chart(report, opts.chart_path)
-            png = opts.chart_path
-        except ImportError:
-            report.notes.append("chart skipped: matplotlib is not installed (extra `load`)")
-    opts.out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    opts.markdown_path.write_text(markdown(report, png))
-    written = [opts.out, opts.markdown_path, *([png] if png else [])]
-    console.print("wrote " + ", ".join(str(p) for p in written))
+    overhead.save(report, opts, console, chart, markdown)
