@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -35,7 +35,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
-from opentelemetry.trace import TracerProvider
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -56,8 +55,13 @@ from gateway.server import CLIENT_GONE
 from gateway.settings import Settings
 from gateway.state import InflightStore, RedisInflightStore, SharedInflightStore, make_store
 from gateway.telemetry import Telemetry
-from gateway.tracing import Tracing, provider_from_env
+from gateway.tracing_env import trace_exporters
 from gateway.upstream import Upstream
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from gateway.tracing import Tracing
 
 __all__ = ["Gateway", "GatewayApp", "create_app", "open_gateway"]
 
@@ -107,9 +111,14 @@ async def open_gateway(
     go (the caller's to shut down), else the one the OTEL_* environment asks for, if any."""
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
-        if tracer_provider is None and (own := provider_from_env(os.environ)) is not None:
-            stack.callback(own.shutdown)  # flushes the spans still queued
-            tracer_provider = own
+        tracing: Tracing | None = None
+        if tracer_provider is not None or trace_exporters(os.environ):
+            # OpenTelemetry is imported only when tracing is on.
+            from gateway.tracing import Tracing, provider_from_env
+
+            if tracer_provider is None and (own := provider_from_env(os.environ)) is not None:
+                stack.callback(own.shutdown)  # flushes the spans still queued
+                tracer_provider = own
         if store is None:
             store = make_store(settings.redis_url)
         connector = aiohttp.TCPConnector(
@@ -134,6 +143,8 @@ async def open_gateway(
         monitor = Monitor(registry, settings.monitor, session, telemetry)
         router = Router(settings.policy, registry)
         learner = Learner(registry, settings, telemetry)
+        if tracer_provider is not None:
+            tracing = Tracing(tracer_provider, registry)
         monitor.learner = learner
         gw = Gateway(
             settings=settings,
@@ -149,7 +160,7 @@ async def open_gateway(
             ),
             upstream=Upstream(pool, registry, telemetry, settings),
             drain=drain or Drain(),
-            tracing=None if tracer_provider is None else Tracing(tracer_provider, registry),
+            tracing=tracing,
         )
         gw.upstream.learner = learner
         await monitor.start()

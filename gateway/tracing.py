@@ -1,4 +1,6 @@
-"""Tracing with OpenTelemetry: off unless the standard environment variables ask for it.
+"""Tracing with OpenTelemetry: off unless the standard environment variables ask for it
+(gateway.tracing_env says whether they do; this module is imported only then, or when the
+caller passes a tracer provider of its own).
 
 On when `OTEL_TRACES_EXPORTER` names `otlp` or `console` (comma-separated), or when
 `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set and the exporter is
@@ -17,7 +19,6 @@ Off, the gateway holds no `Tracing` and no exchange a `RequestTrace`: the reques
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from gateway.errors import GatewayError
 from gateway.retry import Full, Retryable
 from gateway.routing import Backend, Decision, Reason, RouteRequest
+from gateway.tracing_env import trace_exporters
 
 if TYPE_CHECKING:
     from gateway.admission import Admission
@@ -40,33 +42,18 @@ if TYPE_CHECKING:
 
 __all__ = ["RequestTrace", "Tracing", "provider_from_env"]
 
-log = logging.getLogger(__name__)
-
-_EXPORTERS = frozenset({"otlp", "console"})
 _TRACEPARENT, _TRACESTATE = b"traceparent", b"tracestate"
 
 
 def provider_from_env(environ: Mapping[str, str]) -> TracerProvider | None:
     """The tracer provider the OTEL_* variables in `environ` ask for; None: tracing off."""
-    names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
-    names = [n for n in names if n]
-    if not names:
-        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT"
-        )
-        names = ["otlp"] if endpoint else []
-    if "none" in names:
-        return None
-    for unknown in sorted(set(names) - _EXPORTERS):
-        log.warning("unsupported OTEL_TRACES_EXPORTER ignored", extra={"fields": {
-            "exporter": unknown}})  # fmt: skip
-    names = [n for n in names if n in _EXPORTERS]
+    names = trace_exporters(environ)
     if not names:
         return None
     service = environ.get("OTEL_SERVICE_NAME") or "tiergate"
     # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK.
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
-    for name in dict.fromkeys(names):
+    for name in names:
         provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
     return provider
 

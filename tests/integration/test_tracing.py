@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.app import COMPLETIONS, Gateway, Proxy, open_gateway
 from gateway.settings import load_settings
 from gateway.tracing import provider_from_env
+from gateway.tracing_env import trace_exporters
 from loadtests.procs import wait_http
 from tests.conftest import free_port
 from tests.integration.stack import MODEL, start_stack
@@ -178,6 +179,9 @@ async def test_without_traceparent_a_new_trace_starts(
 
 
 def test_off_unless_the_environment_asks() -> None:
+    assert trace_exporters({"OTEL_TRACES_EXPORTER": "console, otlp"}) == ["otlp", "console"]
+    assert trace_exporters({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318"}) == ["otlp"]
+    assert trace_exporters({"OTEL_TRACES_EXPORTER": "jaeger"}) == []
     assert provider_from_env({}) is None
     assert provider_from_env({"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_SAMPLER": "always_on"}) is None
     assert provider_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
@@ -217,6 +221,28 @@ async def test_off_the_gateway_has_no_tracer_and_requests_carry_none(
             assert engine.seen[0]["traceparent"] == TRACEPARENT
     finally:
         await runner.cleanup()
+
+
+def test_off_the_gateway_does_not_load_the_tracing_sdk() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    code = (
+        "import asyncio, sys\n"
+        "from gateway.app import open_gateway\n"
+        "from gateway.settings import load_settings\n"
+        "tier = {'name': 't', 'role': 'throughput', 'backends': [{'url': sys.argv[1], "
+        "'models': ['m']}]}\n"
+        "async def main():\n"
+        "    async with open_gateway(load_settings(None, tiers=[tier])) as gw:\n"
+        "        assert gw.tracing is None\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('gateway.tracing', "
+        "'opentelemetry.sdk.trace', 'opentelemetry.exporter'))))\n"
+    )
+    url = f"http://127.0.0.1:{free_port()}"
+    out = subprocess.run([sys.executable, "-c", code, url], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    # (Only the tracing part: redis loads OpenTelemetry's API for its own instrumentation.)
+    assert out.stdout.strip() == "['gateway.tracing_env']"
 
 
 RECEIVER = textwrap.dedent("""
