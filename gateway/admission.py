@@ -38,7 +38,7 @@ class Admission:
     async def admit(self, ex: Exchange) -> Decision:
         """The decision `ex` goes out with; a GatewayError (429, 503) when it cannot go."""
         req = ex.route_request()
-        decision = self.decide(req)
+        decision = self.decide(req) if ex.trace is None else ex.trace.route(self.decide, req)
         if decision.reason == Reason.SATURATED:
             decision = await self._queue(req, decision)
         ex.decision = decision

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -55,7 +55,13 @@ from gateway.server import CLIENT_GONE
 from gateway.settings import Settings
 from gateway.state import InflightStore, RedisInflightStore, SharedInflightStore, make_store
 from gateway.telemetry import Telemetry
+from gateway.tracing_env import trace_exporters
 from gateway.upstream import Upstream
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from gateway.tracing import Tracing
 
 __all__ = ["Gateway", "GatewayApp", "create_app", "open_gateway"]
 
@@ -81,24 +87,38 @@ class Gateway:
     admission: Admission
     upstream: Upstream
     drain: Drain
+    tracing: Tracing | None = None  # None: tracing off (no OTEL_* settings)
 
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
         """Answer `ex` with the gateway's own error."""
         self.telemetry.child(self.telemetry.rejected, e.reason).inc()
+        ex.status = e.status
         headers = [(b"content-type", b"application/json"), *ex.response_headers, *e.headers]
         await ex.answer(e.status, headers, e.body())
 
 
 @asynccontextmanager
 async def open_gateway(
-    settings: Settings, drain: Drain | None = None, store: InflightStore | None = None
+    settings: Settings,
+    drain: Drain | None = None,
+    store: InflightStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Gateway]:
     """Build the gateway, start its background work (state sync, load monitor), and take it
     all down again on exit. `drain`: the shutdown state its runner shares (a new one if none);
     `store`: the in-flight counts (`make_store(settings.redis_url)` if none; a worker of
-    several passes its view of the table the workers share)."""
+    several passes its view of the table the workers share); `tracer_provider`: where spans
+    go (the caller's to shut down), else the one the OTEL_* environment asks for, if any."""
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
+        tracing: Tracing | None = None
+        if tracer_provider is not None or trace_exporters(os.environ):
+            # OpenTelemetry is imported only when tracing is on.
+            from gateway.tracing import Tracing, provider_from_env
+
+            if tracer_provider is None and (own := provider_from_env(os.environ)) is not None:
+                stack.callback(own.shutdown)  # flushes the spans still queued
+                tracer_provider = own
         if store is None:
             store = make_store(settings.redis_url)
         connector = aiohttp.TCPConnector(
@@ -123,6 +143,8 @@ async def open_gateway(
         monitor = Monitor(registry, settings.monitor, session, telemetry)
         router = Router(settings.policy, registry)
         learner = Learner(registry, settings, telemetry)
+        if tracer_provider is not None:
+            tracing = Tracing(tracer_provider, registry)
         monitor.learner = learner
         gw = Gateway(
             settings=settings,
@@ -138,6 +160,7 @@ async def open_gateway(
             ),
             upstream=Upstream(pool, registry, telemetry, settings),
             drain=drain or Drain(),
+            tracing=tracing,
         )
         gw.upstream.learner = learner
         await monitor.start()
@@ -147,7 +170,8 @@ async def open_gateway(
         state = _store_kind(store)
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
-            "policy": router.name, "state": state}})  # fmt: skip
+            "policy": router.name, "state": state,
+            "tracing": "off" if gw.tracing is None else "on"}})  # fmt: skip
         yield gw
 
 
@@ -166,6 +190,8 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw: Gateway = scope["state"]["gateway"]
         ex = gw.intake.open(self.endpoint, scope, send)
+        if gw.tracing is not None:
+            ex.trace = gw.tracing.begin(ex)
         # ASGI servers run each request in a task of its own: the drain may cancel it.
         me = cast(asyncio.Task[Any], asyncio.current_task())
         ex.task = me
@@ -190,6 +216,8 @@ class Proxy:
                 await gw.reject(ex, GatewayError(500, message, reason="internal"))
         finally:
             del live[ex]
+            if ex.trace is not None:
+                ex.trace.end(ex)
 
     async def _handle(
         self,
@@ -231,7 +259,10 @@ class Proxy:
     async def _serve(gw: Gateway, ex: Exchange) -> None:
         while True:
             try:
-                decision = await gw.admission.admit(ex)
+                if ex.trace is None:
+                    decision = await gw.admission.admit(ex)
+                else:
+                    decision = await ex.trace.admit(gw.admission, ex)
             except GatewayError as e:
                 await gw.reject(ex, e)
                 return
@@ -328,13 +359,17 @@ def _gateway(request: Request) -> Gateway:
     return gw
 
 
-def create_app(settings: Settings, store: InflightStore | None = None) -> GatewayApp:
-    """The app; `store`: as for `open_gateway`."""
+def create_app(
+    settings: Settings,
+    store: InflightStore | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> GatewayApp:
+    """The app; `store` and `tracer_provider`: as for `open_gateway`."""
     drain = Drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        async with open_gateway(settings, drain, store) as gw:
+        async with open_gateway(settings, drain, store, tracer_provider) as gw:
             yield {"gateway": gw}
 
     app = FastAPIOffline(

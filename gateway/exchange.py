@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState, Slo
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace
 
 __all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send"]
 
@@ -79,6 +82,8 @@ class Exchange:
     # Why the gateway itself is ending this request (e.g. its drain deadline passed): set it,
     # then cancel the request's task; upstream ends the answer cleanly with this message.
     cut_reason: str | None = None
+    # Its spans, when tracing is on (gateway.tracing); None: nothing on the path traces.
+    trace: RequestTrace | None = None
 
     async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers; the body follows with `send`."""

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 
@@ -39,6 +39,7 @@ from gateway.wire import StreamRelay
 
 if TYPE_CHECKING:
     from gateway.learner import Learner
+    from gateway.tracing import RequestTrace
 
 __all__ = ["Upstream"]
 
@@ -97,7 +98,8 @@ class Upstream:
         request goes back to admission."""
         # A cut before the first byte (the drain's deadline) is answered by the app, which
         # covers every stage before this one too; after it, the stream is ended here.
-        failed = await self.retry.run(decision.candidates, functools.partial(self._attempt, ex))
+        attempt = self._attempt if ex.trace is None else self._traced_attempt
+        failed = await self.retry.run(decision.candidates, functools.partial(attempt, ex))
         if isinstance(failed, Full):
             return False
         if failed is not None:
@@ -128,7 +130,13 @@ class Upstream:
             headers.update(entry.auth)
         elif self.passthrough_auth and (auth := ex.headers.get(b"authorization")):
             headers["authorization"] = auth.decode("latin-1")
+        if ex.trace is not None:  # the engine continues the attempt's trace
+            ex.trace.inject(headers)
         return headers
+
+    async def _traced_attempt(self, ex: Exchange, backend: Backend) -> None:
+        with cast("RequestTrace", ex.trace).attempt(ex, backend):
+            await self._attempt(ex, backend)
 
     async def _attempt(self, ex: Exchange, backend: Backend) -> None:
         entry = self.registry.entry(backend.url)
@@ -159,6 +167,8 @@ class Upstream:
                 if self.continuation.enabled and ex.headers.get(_CONTINUE) not in _OFF:
                     ex.transcript = []
                 relay = wire.relay(ex)
+                if ex.trace is not None:
+                    ex.trace.streaming()
                 broken = await self._relay(ex, resp, first, relay, lease)
             finally:
                 resp.release()
