@@ -121,9 +121,10 @@ class PolicyParams(BaseModel):
         " move a conversation off the instance that has it cached.",
     )
     prefix_affinity: bool = Field(
-        default=True,
+        default=False,
         description="Route requests with the same affinity key to the same backend of a tier"
-        " (see affinity_balance); off: the policy's order within the tier stands.",
+        " (see affinity_balance); off: the policy's order within the tier stands. Off by"
+        " default: for prompts that never repeat it trades the policy's balance for nothing.",
     )
 
     @model_validator(mode="after")

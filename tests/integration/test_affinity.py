@@ -26,7 +26,8 @@ STREAMS = 30
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = start_stack(tmp_path_factory.mktemp("affinity"), latency=0, throughput=POOL, speedup=10,
                     throughput_args=("--prefix-caching",),
-                    policy={"name": "least-loaded", "affinity_balance": BALANCE})  # fmt: skip
+                    policy={"name": "least-loaded", "prefix_affinity": True,
+                            "affinity_balance": BALANCE})  # fmt: skip
     yield s
     s.stop()
 

@@ -23,11 +23,8 @@ BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens":
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # golden-range: these tests check its fixed limits and how it spreads load (the learned
-    # policy: test_learned.py; prefix affinity, which trades some spread for cache hits:
-    # test_affinity.py).
-    s = start_stack(tmp_path_factory.mktemp("stack"), speedup=10,
-                    policy={"name": "golden-range", "prefix_affinity": False},
+    # golden-range: these tests check its fixed limits (the learned policy: test_learned.py).
+    s = start_stack(tmp_path_factory.mktemp("stack"), speedup=10, policy={"name": "golden-range"},
                     retry={"retry_statuses": [429, 500, 502, 503, 504]},
                     outlier={"base_ejection_s": 1.0})  # fmt: skip
     yield s
@@ -393,10 +390,8 @@ def test_saturation_queues_then_answers_429(tmp_path: Path) -> None:
 
 
 def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_server: str) -> None:
-    # Without prefix affinity: the same prompt would go to its keyed backend, not the lighter.
     s = start_stack(tmp_path, latency=0, throughput=2, speedup=1, gateways=2,
-                    env={"TIERGATE_REDIS_URL": redis_server},
-                    policy={"prefix_affinity": False})  # fmt: skip
+                    env={"TIERGATE_REDIS_URL": redis_server})  # fmt: skip
     try:
         a, b = (g.url for g in s.gateways)
 

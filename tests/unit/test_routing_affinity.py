@@ -16,7 +16,7 @@ from gateway.routing import Decision, PolicyParams, Reason, RouteRequest, Router
 from gateway.routing.affinity import Affinity, affinity_key, rank
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, T2, T3, load, snap, urls
 
-AFF = Affinity.of(PolicyParams())
+AFF = Affinity.of(PolicyParams(prefix_affinity=True))
 POOL = (T0, T1, T2, T3)
 KEY = affinity_key(b"conversation-1")
 # KEY's own order of the pool: its first choice, then its second...

@@ -54,7 +54,7 @@ def test_names_defined_once() -> None:
         ("full_ttft_factor", 2.0),
         ("affinity_balance", 0.25),
         ("affinity_slack", 2),
-        ("prefix_affinity", True),
+        ("prefix_affinity", False),
     ],
 )
 def test_defaults(field: str, default: float) -> None:
