@@ -284,23 +284,34 @@ def test_spans_exported_over_otlp_to_a_receiver_process(tmp_path: Path) -> None:
         wait_http(f"http://127.0.0.1:{port}/", 10, receiver)
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
                "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "tiergate-test"}  # fmt: skip
-        stack = start_stack(tmp_path, latency=1, throughput=0, env=env)
-        r = httpx.post(stack.gateway.url + "/v1/completions", timeout=10,
-                       json={"model": MODEL, "prompt": "hi", "max_tokens": 4})  # fmt: skip
-        assert r.status_code == 200
+        stack = start_stack(tmp_path, latency=0, throughput=2, env=env)
+        # One engine refuses everything with a 503: a request it gets first fails over.
+        failing = stack.throughput[0].url
+        httpx.post(failing + "/sim/faults", json={"error_rate": 1.0, "error_status": 503},
+                   timeout=5).raise_for_status()  # fmt: skip
+        for _ in range(20):  # which engine goes first is the policy's choice: until one failed
+            r = httpx.post(stack.gateway.url + "/v1/completions", timeout=10,
+                           json={"model": MODEL, "prompt": "hi", "max_tokens": 4})  # fmt: skip
+            assert r.status_code == 200
+            if r.headers["x-tiergate-attempts"] == "2":
+                break
+        assert r.headers["x-tiergate-attempts"] == "2"
         deadline = time.monotonic() + 10
-        names: dict[str, set[str]] = {}
+        traces: dict[str, list[str]] = {}
         while time.monotonic() < deadline:
             lines = spans.read_text().split("\n") if spans.exists() else []
-            names = {}
+            traces = {}
             for line in filter(None, lines):
                 trace_id, name = line.split(" ", 1)
-                names.setdefault(name, set()).add(trace_id)
-            if "POST /v1/completions" in names:
+                traces.setdefault(trace_id, []).append(name)
+            if any(t.count("attempt") == 2 and "POST /v1/completions" in t
+                   for t in traces.values()):  # fmt: skip
                 break
             time.sleep(0.05)
-        assert {"POST /v1/completions", "admission", "route", "attempt"} <= names.keys()
-        assert len(set().union(*names.values())) == 1  # one request, one trace
+        # Every request one trace; the failed-over one with its two attempts.
+        for names in traces.values():
+            assert {"POST /v1/completions", "admission", "route", "attempt"} <= set(names)
+        assert any(names.count("attempt") == 2 for names in traces.values()), traces
     finally:
         if stack is not None:
             stack.stop()
