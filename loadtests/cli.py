@@ -405,6 +405,82 @@ def bench_peers(
         raise typer.Exit(130) from None
 
 
+def _affinity_arms(names: list[str] | None) -> list[str] | None:
+    from loadtests.multiturn import ARMS
+
+    return _known(names, ARMS)
+
+
+@bench.command("affinity")
+def bench_affinity(
+    sims: Annotated[int, typer.Option(min=2, help="Throughput simulators (v3) in the pool.")] = 4,
+    users: Annotated[int, typer.Option(min=1, help="Concurrent users (closed loops).")] = 16,
+    turns: Annotated[int, typer.Option(min=2, help="Turns per conversation.")] = 6,
+    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per arm per round.")] = 20,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 4.0,
+    system_words: Annotated[
+        int, typer.Option(min=1, help="Words (= tokens) of the system prompt all share.")
+    ] = 600,
+    user_words: Annotated[int, typer.Option(min=1, help="Words per user message.")] = 24,
+    reply_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of each reply.")] = 32,
+    think: Annotated[float, typer.Option(min=0, help="Think time between turns, seconds.")] = 0.1,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="tiergate's policy in both its arms (least-loaded: the pool ordered by load, "
+            f"ties at random; one of {', '.join(POLICY_NAMES)})."
+        ),
+    ] = "least-loaded",
+    arm: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_affinity_arms,
+            help="Arms to run; repeat for several (default all: tiergate, tiergate-affinity, "
+            "vllm-router:cache_aware, smg:cache_aware).",
+        ),
+    ] = None,
+    peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,
+    install: Annotated[
+        bool, typer.Option(help="Install a missing peer router (--no-install: skip it).")
+    ] = True,
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/affinity.json"),
+) -> None:
+    """Prefix-cache affinity on multi-turn chat: USERS closed-loop users hold conversations of
+    TURNS streamed turns, each opening with one long system prompt shared by all and resending
+    the whole history (so every turn's prompt extends the last). Per arm, fresh simulators with
+    prefix caching on (SIMS x v3) behind one router: tiergate without and with
+    policy.prefix_affinity, vLLM's router and SGLang's model gateway with --policy cache_aware
+    (a peer that is not installed or does not start is left out with a note). Prints TTFT
+    p50/p99, the engines' prefix-cache hit rate (and usage's cached_tokens/prompt_tokens),
+    requests, errors, the most requests one engine held against affinity's bound, medians over
+    rounds, ratios against tiergate without affinity, and the goals (affinity: a higher hit rate
+    and a lower TTFT p50) as MET / NOT MET. Every process is stopped at the end, on failure and
+    on Ctrl-C."""
+    import sys
+
+    from loadtests.crossover import command_line
+    from loadtests.multiturn import ARMS, Options, run
+
+    if policy not in POLICY_NAMES:
+        raise typer.BadParameter(f"{policy}: choose from {', '.join(POLICY_NAMES)}")
+    _logging("warning")
+    opts = Options(
+        sims=sims, users=users, turns=turns, seconds=seconds, rounds=rounds, speedup=speedup,
+        system_words=system_words, user_words=user_words, reply_tokens=reply_tokens,
+        think_s=think, policy=policy, arms=tuple(arm or ARMS), venv=peers_venv, install=install,
+        out=out,
+        command=command_line(_without(sys.argv[1:], "--peers-venv")),
+    )  # fmt: skip
+    try:
+        run(opts)
+    except KeyboardInterrupt:  # the processes are stopped by then; no traceback for a Ctrl-C
+        typer.echo("interrupted: every process stopped, nothing written", err=True)
+        raise typer.Exit(130) from None
+
+
 @bench.command("instructions")
 def bench_instructions(
     baseline: Annotated[

@@ -1,0 +1,609 @@
+"""`tiergate bench affinity`: multi-turn chat with a shared system prompt, routed with and
+without prefix-cache affinity, and by the peers' cache-aware policies.
+
+The scenario: `users` concurrent users, each holding conversations of `turns` turns on
+`/v1/chat/completions` (streamed, with `stream_options.include_usage`). Every conversation opens
+with the same long system prompt (the simulator counts one token per word) and a first user
+message of its own; each later turn sends the whole history (system, user messages, the
+assistant's replies as returned, the new user message), so each turn's prompt extends the
+previous one. Each user is a closed loop with a short think time; a new conversation starts as
+the previous one ends, until the arm's time is up.
+
+The deployment, fresh for every arm of every round (no arm's prefix cache helps the next): `sims`
+v3 throughput simulators with prefix caching on, and one router in front of them: tiergate (the
+default policy) without and with `policy.prefix_affinity`, vLLM's router and SGLang's model
+gateway with `--policy cache_aware`. The arms' order rotates each round.
+
+Per arm: TTFT p50/p99 (first content chunk), the engines' prefix-cache hit rate (hits/queries
+from `vllm:prefix_cache_*_total` summed over the pool, the delta over the run) and, as a
+cross-check, usage's `cached_tokens / prompt_tokens`, requests and errors, the most requests any
+one simulator generated at once (`GET /sim/concurrency`), against the affinity bound; each the
+median of the rounds, with ratios against tiergate without affinity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gateway.routing import PolicyParams
+from loadtests.overhead import markdown_table, rotation, save
+from loadtests.peerenv import PEERS, Installed, PeerProcess, default_venv, ensure, scrub
+from loadtests.procs import GatewayProcess, SimProcess, free_port, wait_http
+from loadtests.stack import MODEL
+from loadtests.summarize import json_safe, percentile
+
+BASE = "tiergate"
+AFFINITY = "tiergate-affinity"
+PEER_ARMS = ("vllm-router:cache_aware", "smg:cache_aware")
+ARMS = (BASE, AFFINITY, *PEER_ARMS)
+PROFILE = "v3"
+
+DESCRIPTIONS = {
+    BASE: "`tiergate serve`, `policy.prefix_affinity: false`",
+    AFFINITY: "`tiergate serve`, `policy.prefix_affinity: true`",
+    "vllm-router:cache_aware": "vLLM's router (`vllm-router --policy cache_aware`)",
+    "smg:cache_aware": "SGLang's model gateway (`smg launch --policy cache_aware`)",
+}
+
+# Words the prompts are made of (the simulator counts one token per word).
+_WORDS = (
+    "request", "router", "engine", "cache", "block", "prefix", "token", "batch", "queue",
+    "latency", "stream", "reply", "policy", "session", "tier", "model", "answer", "prompt",
+    "user", "system", "memory", "turn", "history", "context", "window", "reuse", "hit", "miss",
+    "budget", "schedule", "decode", "prefill", "kernel", "weight", "layer", "head", "vector",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Options:
+    sims: int = 4
+    users: int = 16
+    turns: int = 6
+    seconds: float = 20.0  # per arm per round
+    rounds: int = 3
+    speedup: float = 4.0
+    system_words: int = 600
+    user_words: int = 24
+    reply_tokens: int = 32
+    think_s: float = 0.1
+    policy: str = "least-loaded"  # tiergate's, in both of its arms
+    arms: tuple[str, ...] = ARMS
+    venv: Path | None = None  # default: peerenv.default_venv()
+    install: bool = True
+    out: Path = Path("docs/results/affinity.json")
+    chart: bool = True
+    command: str | None = None
+
+    @property
+    def markdown_path(self) -> Path:
+        return self.out.with_suffix(".md")
+
+    @property
+    def chart_path(self) -> Path:
+        return self.out.with_suffix(".png")
+
+    def bound(self) -> float:
+        """The most requests affinity lets a keyed backend hold with every user in flight."""
+        p = PolicyParams()
+        return (1 + p.affinity_balance) * self.users / self.sims + p.affinity_slack
+
+
+# --- the scenario -----------------------------------------------------------------------------
+
+
+def system_prompt(words: int) -> str:
+    rng = random.Random(0)
+    return "You are a helpful assistant. " + " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def question(user: int, conversation: int, turn: int, words: int) -> str:
+    """A user message of its own: the first names its conversation, so no two open alike."""
+    rng = random.Random(f"{user}-{conversation}-{turn}")
+    tag = f"conversation {user}-{conversation} turn {turn}:"
+    return " ".join([tag, *(rng.choice(_WORDS) for _ in range(words))])
+
+
+@dataclass(slots=True)
+class Record:
+    turn: int
+    status: int  # HTTP status; 0: no answer
+    ok: bool
+    ttft_s: float = math.nan
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+async def chat(
+    session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], opts: Options
+) -> tuple[Record, str | None]:
+    """One streamed turn: its record and the assistant's reply (None when it failed)."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": opts.reply_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    turn = sum(m["role"] == "user" for m in messages) - 1
+    t0 = time.perf_counter()
+    rec = Record(turn, 0, False)
+    parts: list[str] = []
+    usage: dict[str, Any] | None = None
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            rec.status = resp.status
+            if resp.status != 200:
+                await resp.read()
+                return rec, None
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                for choice in event.get("choices") or ():
+                    if text := (choice.get("delta") or {}).get("content"):
+                        if not parts:
+                            rec.ttft_s = time.perf_counter() - t0
+                        parts.append(text)
+                usage = event.get("usage") or usage
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+        return rec, None
+    if usage is not None:
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        rec.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                                or 0)  # fmt: skip
+    rec.ok = bool(parts)
+    return rec, "".join(parts) if rec.ok else None
+
+
+async def user_loop(
+    session: aiohttp.ClientSession, url: str, opts: Options, user: int, deadline: float,
+    records: list[Record],
+) -> None:  # fmt: skip
+    """Conversations one after another until the deadline; a failed turn ends its conversation."""
+    system = system_prompt(opts.system_words)
+    await asyncio.sleep(random.Random(user).uniform(0, opts.think_s * 2))  # no lockstep
+    conversation = 0
+    while time.monotonic() < deadline:
+        messages = [{"role": "system", "content": system}]
+        for turn in range(opts.turns):
+            if time.monotonic() >= deadline:
+                return
+            messages.append(
+                {"role": "user", "content": question(user, conversation, turn, opts.user_words)}
+            )
+            rec, reply = await chat(session, url, messages, opts)
+            records.append(rec)
+            if reply is None:
+                break
+            messages.append({"role": "assistant", "content": reply})
+            await asyncio.sleep(opts.think_s)
+        conversation += 1
+
+
+async def drive(url: str, opts: Options, progress: Progress, task: Any) -> list[Record]:
+    records: list[Record] = []
+    deadline = time.monotonic() + opts.seconds
+    timeout = aiohttp.ClientTimeout(total=120)
+    connector = aiohttp.TCPConnector(limit=opts.users)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        users = [asyncio.create_task(user_loop(session, url, opts, u, deadline, records))
+                 for u in range(opts.users)]  # fmt: skip
+        try:
+            while not all(u.done() for u in users):
+                left = max(0.0, deadline - time.monotonic())
+                progress.update(task, completed=opts.seconds - left,
+                                description=f"  {len(records)} requests")  # fmt: skip
+                await asyncio.wait(users, timeout=0.25)
+        finally:
+            for u in users:
+                u.cancel()
+            await asyncio.gather(*users, return_exceptions=True)
+    for u in users:  # a bug in the loop, not a failed request: say so
+        if not u.cancelled() and u.exception() is not None:
+            raise RuntimeError("a user loop failed") from u.exception()
+    return records
+
+
+# --- the deployment ---------------------------------------------------------------------------
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text: str = r.read().decode()
+        return text
+
+
+def cache_counters(urls: Sequence[str]) -> tuple[float, float]:
+    """(queries, hits) of the engines' prefix caches, in tokens, summed over `urls`."""
+    queries = hits = 0.0
+    for url in urls:
+        for line in _get(url + "/metrics").splitlines():
+            if line.startswith("vllm:prefix_cache_queries_total"):
+                queries += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_hits_total"):
+                hits += float(line.rsplit(" ", 1)[1])
+    return queries, hits
+
+
+def peaks(urls: Sequence[str]) -> list[int]:
+    return [int(json.loads(_get(u + "/sim/concurrency"))["peak"]) for u in urls]
+
+
+def start_sims(stack: contextlib.ExitStack, opts: Options, workdir: Path, tag: str) -> list[str]:
+    """`opts.sims` fresh simulators started side by side (each stopped by `stack`)."""
+    sims = []
+    for i in range(opts.sims):
+        sim = SimProcess(profile=PROFILE, port=free_port(), log=workdir / f"{tag}-sim{i}.log",
+                         args=["--speedup", f"{opts.speedup:g}", "--prefix-caching"])  # fmt: skip
+        stack.callback(sim.stop)
+        assert sim.log is not None
+        with open(sim.log, "ab") as out:
+            sim.proc = subprocess.Popen(sim.command(), stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT)  # fmt: skip
+        sims.append(sim)
+    for sim in sims:
+        wait_http(sim.url + sim.ready_path, 30, sim.proc)
+    return [s.url for s in sims]
+
+
+def gateway_config(urls: Sequence[str], policy: str, affinity: bool) -> dict[str, Any]:
+    return {
+        "tiers": [{"name": "pool", "role": "throughput",
+                   "backends": [{"url": u, "models": [MODEL]} for u in urls]}],
+        "policy": {"name": policy, "prefix_affinity": affinity},
+        "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5},
+        "log_level": "warning",
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def deployment(
+    arm: str, opts: Options, workdir: Path, peers: dict[str, Installed], tag: str
+) -> Iterator[tuple[str, list[str]]]:
+    """Fresh simulators and the arm's router in front of them: (router URL, simulator URLs);
+    all stopped on the way out, whatever happens (Ctrl-C included)."""
+    with contextlib.ExitStack() as stack:
+        urls = start_sims(stack, opts, workdir, tag)
+        if arm in (BASE, AFFINITY):
+            config = workdir / f"{tag}.yaml"
+            config.write_text(yaml.safe_dump(gateway_config(urls, opts.policy, arm == AFFINITY)))
+            gw = GatewayProcess(config=config, log=workdir / f"{tag}.log")
+            yield stack.enter_context(gw).url, urls
+            return
+        router, _, policy = arm.partition(":")
+        inst = peers[router]
+        assert inst.binary is not None  # arms without one were left out
+        peer = PeerProcess(inst.peer, inst.binary, urls, MODEL, workdir, policy, label=tag)
+        yield stack.enter_context(peer).url, urls
+
+
+# --- one run, its summary ---------------------------------------------------------------------
+
+
+def measure(
+    url: str, sims: Sequence[str], opts: Options, progress: Progress, task: Any
+) -> dict[str, Any]:
+    q0, h0 = cache_counters(sims)
+    records = asyncio.run(drive(url, opts, progress, task))
+    q1, h1 = cache_counters(sims)
+    ok = [r for r in records if r.ok]
+    ttfts = [r.ttft_s * 1000 for r in ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    later = [r.ttft_s * 1000 for r in ok if r.turn > 0]
+    per_sim = peaks(sims)
+    return {
+        "requests": len(records), "errors": len(records) - len(ok), "samples": len(ttfts),
+        "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
+        "ttft_p50_later_ms": percentile(later, 50),
+        "hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else math.nan,
+        "usage_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else math.nan,
+        "queries_tokens": q1 - q0, "prompt_tokens": prompt,
+        "peak": max(per_sim), "peaks": per_sim,
+        "conversations_done": sum(1 for r in ok if r.turn == opts.turns - 1),
+    }  # fmt: skip
+
+
+FIGURES = (
+    ("ttft_p50_ms", "TTFT p50 (ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("ttft_p50_later_ms", "TTFT p50, turns 2+ (ms)"),
+    ("hit_rate", "hit rate (engines)"),
+    ("usage_rate", "cached/prompt (usage)"),
+    ("peak", "max concurrency, one engine"),
+)
+COUNTS = ("requests", "errors", "samples", "conversations_done")
+
+
+def _median(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per arm: each figure's median over the rounds and each round's value; counts summed."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm, rounds in runs.items():
+        figs: dict[str, Any] = {k: _median([r[k] for r in rounds]) for k, _ in FIGURES}
+        figs["rounds"] = {k: [r[k] for r in rounds] for k, _ in FIGURES}
+        figs |= {k: sum(r[k] for r in rounds) for k in COUNTS}
+        out[arm] = figs
+    return out
+
+
+def verdicts(arms: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    if BASE not in arms or AFFINITY not in arms:
+        return []
+    a, b = arms[AFFINITY], arms[BASE]
+    hit = a["hit_rate"] > b["hit_rate"]
+    ttft = a["ttft_p50_ms"] < b["ttft_p50_ms"]
+    return [
+        {"goal": "hit rate with affinity above without",
+         "measured": f"{a['hit_rate']:.1%} vs {b['hit_rate']:.1%}", "result": _word(hit)},
+        {"goal": "TTFT p50 with affinity below without",
+         "measured": f"{a['ttft_p50_ms']:.1f} ms vs {b['ttft_p50_ms']:.1f} ms",
+         "result": _word(ttft)},
+    ]  # fmt: skip
+
+
+def _word(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+# --- the whole bench --------------------------------------------------------------------------
+
+
+def _peers(opts: Options, notes: list[str], versions: dict[str, str],
+           console: Console) -> tuple[list[str], dict[str, Installed]]:  # fmt: skip
+    """The arms that can run, and the installed peers they need."""
+    wanted = sorted({a.partition(":")[0] for a in opts.arms if a not in (BASE, AFFINITY)})
+    venv = opts.venv or default_venv()
+    installed = ensure(wanted, venv, opts.install, console) if wanted else {}
+    arms = []
+    for arm in opts.arms:
+        router = arm.partition(":")[0]
+        if router in installed and installed[router].binary is None:
+            notes.append(f"{arm} skipped: {router} {scrub(installed[router].note or '', venv)}")
+            continue
+        if router in installed:
+            inst = installed[router]
+            versions[router] = f"{inst.peer.distribution} {inst.version}"
+        arms.append(arm)
+    return arms, installed
+
+
+def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
+    """Every arm, fresh engines each time, rounds in rotating order; print the tables and write
+    JSON, markdown and PNG."""
+    console = console or Console()
+    command = opts.command or shlex.join(["tiergate", *sys.argv[1:]])
+    notes: list[str] = []
+    versions: dict[str, str] = {}
+    arms, installed = _peers(opts, notes, versions, console)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory(prefix="tiergate-affinity-") as tmp,
+        Progress(*columns, console=console, transient=True) as progress,
+    ):
+        overall = progress.add_task("arms", total=len(arms) * opts.rounds)
+        for r in range(opts.rounds):
+            for arm in rotation(arms, r):
+                tag = f"{arm.replace(':', '-')}-r{r}"
+                progress.update(overall, description=f"round {r + 1}/{opts.rounds}: {arm}")
+                task = progress.add_task("  starting", total=opts.seconds)
+                try:
+                    with deployment(arm, opts, Path(tmp), installed, tag) as (url, sims):
+                        runs[arm].append(measure(url, sims, opts, progress, task))
+                except RuntimeError as e:
+                    if arm in (BASE, AFFINITY):
+                        raise
+                    notes.append(f"{arm} round {r + 1} left out: {scrub(str(e), default_venv())}")
+                progress.remove_task(task)
+                progress.advance(overall)
+    report = build_report(opts, command, notes, versions, {a: v for a, v in runs.items() if v})
+    print_report(report, console)
+    save(_Saved(report), opts, console, chart, markdown)
+    return report
+
+
+def build_report(opts: Options, command: str, notes: list[str], versions: dict[str, str],
+                 runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+    arms = summarize(runs)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+    for key in ("venv", "command", "chart", "install"):
+        settings.pop(key)
+    settings.update(profile=PROFILE, affinity_bound=opts.bound())
+    report: dict[str, Any] = {
+        "command": command,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count() or 0,
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "settings": settings,
+        "versions": versions,
+        "arms": arms,
+        "runs": runs,
+        "verdicts": verdicts(arms),
+        "notes": notes,
+    }
+    clean: dict[str, Any] = json_safe(report)
+    return clean
+
+
+@dataclass
+class _Saved:
+    """What overhead.save writes: the report as JSON, with its notes."""
+
+    data: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.notes = self.data["notes"]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _fmt(key: str, v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if key.endswith("rate"):
+        return f"{v:.1%}"
+    if key == "peak":
+        return f"{v:g}"
+    return f"{v:.1f}"
+
+
+def _x(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    arms = report["arms"]
+    rounds = report["settings"]["rounds"]
+    head = ["arm", *(label for _, label in FIGURES), "requests", "errors", "samples"]
+    rows = [[a, *(_fmt(k, f[k]) for k, _ in FIGURES), str(f["requests"]), str(f["errors"]),
+             str(f["samples"])] for a, f in arms.items()]  # fmt: skip
+    out = [("Goals", ["goal", "measured", "verdict"],
+            [[v["goal"], v["measured"], v["result"]] for v in report["verdicts"]]),
+           (f"Per arm (median of {rounds} rounds; counts summed)", head, rows)]  # fmt: skip
+    if BASE in arms:
+        keys = ("ttft_p50_ms", "ttft_p99_ms", "hit_rate", "peak")
+        ratio_head = ["arm", *(dict(FIGURES)[k] for k in keys)]
+        ratio_rows = [[a, *(_x(f[k], arms[BASE][k]) for k in keys)]
+                      for a, f in arms.items() if a != BASE]  # fmt: skip
+        out.append(("Against tiergate without affinity (arm / tiergate)", ratio_head, ratio_rows))
+    per_round = [[a, label, " / ".join(_fmt(k, v) for v in f["rounds"][k])]
+                 for a, f in arms.items() for k, label in FIGURES]  # fmt: skip
+    out.append(("Each round's value", ["arm", "figure", "per round"], per_round))
+    return out
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    styles = {"MET": "bold green", "NOT MET": "bold red"}
+    for title, head, rows in tables(report):
+        if title.startswith("Each round"):
+            continue  # in the markdown only
+        table = Table(title=title)
+        for h in head:
+            table.add_column(h, justify="left" if h in ("arm", "goal", "measured") else "right")
+        for row in rows:
+            table.add_row(*row, style=styles.get(row[-1]) if title == "Goals" else None)
+        console.print(table)
+    for v in report["verdicts"]:
+        console.print(f"[{styles[v['result']]}]{v['result']}[/]: {v['goal']} ({v['measured']})")
+    console.print(f"affinity bound at full load: {report['settings']['affinity_bound']:g} "
+                  "requests per engine")  # fmt: skip
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def markdown(saved: _Saved, chart_file: Path | None) -> str:
+    report = saved.data
+    s = report["settings"]
+    versions = ", ".join(f"{k}: {v}" for k, v in report["versions"].items()) or "-"
+    parts = [
+        "# Prefix-cache affinity: multi-turn chat with a shared system prompt",
+        "",
+        f"- Command: `{report['command']}`",
+        f"- Date: {report['date']}",
+        f"- Machine: `nproc` = {report['nproc']} ({report['machine']}); the client, the "
+        "simulators and the router share these CPUs.",
+        f"- Peers: {versions}",
+        f"- Scenario: {s['users']} users, each a closed loop (think time {s['think_s']:g} s) of "
+        f"conversations of {s['turns']} streamed turns on `/v1/chat/completions`; a "
+        f"{s['system_words']}-word system prompt shared by every conversation, "
+        f"{s['user_words']}-word user messages (the first names its conversation), replies of up "
+        f"to {s['reply_tokens']} tokens; each turn resends the whole history. {s['seconds']:g} s "
+        "per arm per round.",
+        f"- Deployment, fresh for every arm of every round: {s['sims']} `{s['profile']}` "
+        f"simulators (`--speedup {s['speedup']:g} --prefix-caching`: 16-token blocks, chained "
+        f"hashes, LRU) behind one router (tiergate's policy: `{s['policy']}`, the pool one "
+        "throughput tier):",
+        *(f"  - `{a}`: {DESCRIPTIONS.get(a, a)}" for a in report["arms"]),
+        f"- Rounds: {s['rounds']}, the arms' order rotating. Hit rate: "
+        "`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`, summed over the pool, "
+        "delta over the run; cached/prompt: the sum of usage's "
+        "`prompt_tokens_details.cached_tokens` over the sum of `prompt_tokens`. TTFT: to the first "
+        "content chunk. Max concurrency: the most requests one simulator generated at once "
+        f"(`/sim/concurrency`); affinity's bound with every user in flight is "
+        f"(1 + affinity_balance) x mean + affinity_slack = {s['affinity_bound']:g}.",
+    ]
+    parts += [f"- Note: {n}" for n in report["notes"]]
+    for title, head, rows in tables(report):
+        parts += ["", f"## {title}", "", markdown_table(head, rows)]
+    if chart_file is not None:
+        parts += ["", f"![TTFT, hit rate and concurrency per arm]({chart_file.name})"]
+    return "\n".join(parts) + "\n"
+
+
+def chart(saved: _Saved, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report = saved.data
+    arms = report["arms"]
+    names = list(arms)
+    xs = range(len(names))
+    colors = ["tab:blue", "tab:orange", "tab:purple", "tab:brown"][: len(names)]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
+
+    def val(a: str, k: str) -> float:
+        v = arms[a][k]
+        return math.nan if v is None else float(v)
+
+    ax = axes[0]
+    ax.bar(xs, [val(a, "ttft_p99_ms") for a in names], 0.8, color=colors, alpha=0.35)
+    ax.bar(xs, [val(a, "ttft_p50_ms") for a in names], 0.5, color=colors)
+    ax.set_title("TTFT p50 (p99 pale), ms")
+    ax = axes[1]
+    ax.bar(xs, [val(a, "hit_rate") for a in names], 0.5, color=colors)
+    ax.plot(xs, [val(a, "usage_rate") for a in names], "k_", markersize=20,
+            label="cached/prompt (usage)")  # fmt: skip
+    ax.set_ylim(0, 1)
+    ax.set_title("prefix-cache hit rate (engines)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax = axes[2]
+    ax.bar(xs, [val(a, "peak") for a in names], 0.5, color=colors)
+    ax.axhline(report["settings"]["affinity_bound"], color="tab:red", ls="--",
+               label="affinity bound")  # fmt: skip
+    ax.set_title("max concurrency on one engine")
+    ax.legend(fontsize=8)
+    for ax in axes:
+        ax.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"multi-turn chat, shared system prompt ({report['date']}, "
+                 f"nproc={report['nproc']})")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["AFFINITY", "ARMS", "BASE", "PEERS", "Options", "run"]
