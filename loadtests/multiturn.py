@@ -489,9 +489,9 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     head = ["arm", *(label for _, label in FIGURES), "requests", "errors", "samples"]
     rows = [[a, *(_fmt(k, f[k]) for k, _ in FIGURES), str(f["requests"]), str(f["errors"]),
              str(f["samples"])] for a, f in arms.items()]  # fmt: skip
-    out = [("Goals", ["goal", "measured", "verdict"],
-            [[v["goal"], v["measured"], v["result"]] for v in report["verdicts"]]),
-           (f"Per arm (median of {rounds} rounds; counts summed)", head, rows)]  # fmt: skip
+    goals = [[v["goal"], v["measured"], v["result"]] for v in report["verdicts"]]
+    out = [("Goals", ["goal", "measured", "verdict"], goals)] if goals else []
+    out.append((f"Per arm (median of {rounds} rounds; counts summed)", head, rows))
     if BASE in arms:
         keys = ("ttft_p50_ms", "ttft_p99_ms", "hit_rate", "peak")
         ratio_head = ["arm", *(dict(FIGURES)[k] for k in keys)]
