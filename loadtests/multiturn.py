@@ -365,6 +365,17 @@ def verdicts(arms: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
     ]  # fmt: skip
 
 
+def bound_notes(arms: dict[str, dict[str, Any]], bound: float) -> list[str]:
+    """Where one engine held more than affinity's bound lets a keyed backend hold: say so
+    (a router that follows the cache without such a bound queues there)."""
+    return [
+        f"{arm} had up to {f['peak']:g} requests on one engine, above the {bound:g} that "
+        "tiergate's affinity bound allows with every user in flight"
+        for arm, f in arms.items()
+        if not math.isnan(f["peak"]) and f["peak"] > bound
+    ]
+
+
 def _word(ok: bool) -> str:
     return "MET" if ok else "NOT MET"
 
@@ -446,7 +457,7 @@ def build_report(opts: Options, command: str, notes: list[str], versions: dict[s
         "arms": arms,
         "runs": runs,
         "verdicts": verdicts(arms),
-        "notes": notes,
+        "notes": notes + bound_notes(arms, opts.bound()),
     }
     clean: dict[str, Any] = json_safe(report)
     return clean
