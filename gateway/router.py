@@ -28,7 +28,7 @@ class Router:
         self.registry = registry
         self.policy = build_policy(cfg.name, cfg)
         self.fallback = build_policy("least-loaded", cfg)
-        self.affinity = Affinity.of(cfg) if cfg.prefix_affinity else None
+        self.affinity = Affinity.of(cfg, registry.backends) if cfg.prefix_affinity else None
         self.rng = random.Random(cfg.seed)
         self.state = RouterState()
         self.failures = 0

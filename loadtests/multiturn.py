@@ -50,7 +50,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gateway.routing import PolicyParams
-from loadtests.overhead import markdown_table, rotation, save
+from loadtests.overhead import finish_markdown, rotation, save
 from loadtests.peerenv import PEERS, Installed, PeerProcess, default_venv, ensure, scrub
 from loadtests.procs import GatewayProcess, SimProcess, free_port, wait_http
 from loadtests.stack import MODEL
@@ -565,12 +565,8 @@ def markdown(saved: _Saved, chart_file: Path | None) -> str:
         f"(`/sim/concurrency`); affinity's bound with every user in flight is "
         f"(1 + affinity_balance) x mean + affinity_slack = {s['affinity_bound']:g}.",
     ]
-    parts += [f"- Note: {n}" for n in report["notes"]]
-    for title, head, rows in tables(report):
-        parts += ["", f"## {title}", "", markdown_table(head, rows)]
-    if chart_file is not None:
-        parts += ["", f"![TTFT, hit rate and concurrency per arm]({chart_file.name})"]
-    return "\n".join(parts) + "\n"
+    chart = None if chart_file is None else (chart_file, "TTFT, hit rate and concurrency per arm")
+    return finish_markdown(parts, report["notes"], tables(report), chart)
 
 
 def chart(saved: _Saved, path: Path) -> None:

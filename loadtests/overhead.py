@@ -1220,6 +1220,25 @@ def markdown_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+Section = tuple[str, list[str], list[list[str]]]  # title, header, rows
+
+
+def finish_markdown(
+    parts: list[str],
+    notes: Sequence[str],
+    sections: Sequence[Section],
+    chart: tuple[Path, str] | None,
+) -> str:
+    """A report's markdown: its opening `parts`, then its notes, its sections as tables and
+    its chart (file, caption) when there is one."""
+    parts = [*parts, *(f"- Note: {n}" for n in notes)]
+    for title, head, rows in sections:
+        parts += ["", f"## {title}", "", markdown_table(head, rows)]
+    if chart is not None:
+        parts += ["", f"![{chart[1]}]({chart[0].name})"]
+    return "\n".join(parts) + "\n"
+
+
 def markdown(report: Report, chart: Path | None) -> str:
     s = report.settings
     parts = [
@@ -1264,12 +1283,8 @@ def markdown(report: Report, chart: Path | None) -> str:
             f"`{report.baseline.name}`'s, both measured in this run, in the same rounds, in "
             "rotating order; the per-round columns show how far rounds disagree."
         )
-    parts += [f"- Note: {n}" for n in report.notes]
-    for title, head, rows in sections(report):
-        parts += ["", f"## {title}", "", markdown_table(head, rows)]
-    if chart is not None:
-        parts += ["", f"![p50/p99 per target and concurrency]({chart.name})"]
-    return "\n".join(parts) + "\n"
+    drawn = None if chart is None else (chart, "p50/p99 per target and concurrency")
+    return finish_markdown(parts, report.notes, sections(report), drawn)
 
 
 def chart(report: Report, path: Path) -> None:

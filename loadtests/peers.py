@@ -68,7 +68,6 @@ from loadtests.overhead import (
     Verdict,
     event_loop_runner,
     gateway_config,
-    markdown_table,
     small_body,
     stream_body,
     wrk_script,
@@ -731,12 +730,8 @@ def markdown(report: Report, chart_file: Path | None) -> str:
         f"{MAX_CPU_MS:g} ms and its added p50 at 1 connection <= {MAX_ADDED_P50_1_MS:g} ms; "
         "tiergate ahead of LiteLLM on every figure.",
     ]
-    parts += [f"- Note: {n}" for n in report.notes]
-    for title, head, rows in sections(report):
-        parts += ["", f"## {title}", "", markdown_table(head, rows)]
-    if chart_file is not None:
-        parts += ["", f"![latency, throughput and CPU per target]({chart_file.name})"]
-    return "\n".join(parts) + "\n"
+    chart = None if chart_file is None else (chart_file, "latency, throughput and CPU per target")
+    return overhead.finish_markdown(parts, report.notes, sections(report), chart)
 
 
 def chart(report: Report, path: Path) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
@@ -48,9 +48,16 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def rank(key: int, pool: Sequence[Backend]) -> list[Backend]:
-    """`pool` in `key`'s rendezvous order (highest random weight first)."""
-    return sorted(pool, key=lambda b: _mix(key ^ affinity_key(b.url.encode())), reverse=True)
+def rank(key: int, pool: Sequence[Backend], urls: Mapping[str, int] | None = None) -> list[Backend]:
+    """`pool` in `key`'s rendezvous order (highest random weight first); `urls`: the backends'
+    URL hashes when known in advance (each is computed otherwise)."""
+    known = urls or {}
+
+    def weight(b: Backend) -> int:
+        url = known.get(b.url)
+        return _mix(key ^ (affinity_key(b.url.encode()) if url is None else url))
+
+    return sorted(pool, key=weight, reverse=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +66,13 @@ class Affinity:
     balance: float
     slack: int
     saturation: Saturation
+    # The configured backends' URL hashes, computed once rather than in every decision.
+    urls: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, params: PolicyParams) -> Affinity:
-        return cls(params.affinity_balance, params.affinity_slack, Saturation.of(params))
+    def of(cls, params: PolicyParams, backends: Sequence[Backend] = ()) -> Affinity:
+        urls = {b.url: affinity_key(b.url.encode()) for b in backends}
+        return cls(params.affinity_balance, params.affinity_slack, Saturation.of(params), urls)
 
     def bound(self, loads: Sequence[int]) -> int:
         """The most requests a backend may hold after taking this one for affinity's sake."""
@@ -82,7 +92,7 @@ class Affinity:
         load, full = snap.load, self.saturation.backend
         loads = [load(b.url).effective for b in pool]
         bound = self.bound(loads)
-        for b in rank(req.affinity, pool):
+        for b in rank(req.affinity, pool, self.urls):
             backend_load = load(b.url)
             if backend_load.effective + 1 <= bound and not full(b, backend_load):
                 if b is ordered[0]:
