@@ -9,7 +9,7 @@ passes it on; the side endpoints' models are what the gateway itself returns.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -262,4 +262,50 @@ class GatewayState(BaseModel):
     served: int = Field(
         description="Proxied requests this process has completed since it started (/metrics"
         " counts every worker's)."
+    )
+
+
+# -- the admin API (gateway.admin) --------------------------------------------------------------
+
+
+class ShadowView(BaseModel):
+    variant: str = Field(description="The variant copies go to; their answers are discarded.")
+    share: float = Field(gt=0, le=1, description="The share of the other variants' requests "
+                         "copied.")  # fmt: skip
+
+
+class VariantView(BaseModel):
+    name: str
+    model: str = Field(description="The model name the variant's backends serve.")
+    weight: float
+    share: float = Field(description="Its weight over the sum of the weights.")
+
+
+class ReleaseView(BaseModel):
+    model: str = Field(description="The model name clients ask for.")
+    variants: list[VariantView]
+    shadow: ShadowView | None
+
+
+class ReleaseList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ReleaseView]
+
+
+class ReleaseUpdate(BaseModel):
+    """New weights for some of a release's variants (the others keep theirs) and, when the
+    field is present, its shadow mode (null: off)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, Annotated[float, Field(ge=0, le=1e6)]] = {}
+    shadow: ShadowView | None = None
+
+
+class ReloadResult(BaseModel):
+    file: str
+    releases_changed: list[str] = Field(description="Models whose releases changed.")
+    needs_restart: list[str] = Field(
+        description="Other sections of the file that differ from what runs: they take effect "
+        "at the next start."
     )

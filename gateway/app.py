@@ -40,7 +40,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
-from gateway import api
+from gateway import admin, api
+from gateway.admin import Control
 from gateway.admission import Admission
 from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body
@@ -50,9 +51,11 @@ from gateway.intake import ClientGone, Intake, Receive
 from gateway.learner import Learner
 from gateway.load.monitor import Monitor
 from gateway.registry import Registry
+from gateway.releases import Releases
 from gateway.router import Router
 from gateway.server import CLIENT_GONE
 from gateway.settings import Settings
+from gateway.shadow import Shadow
 from gateway.state import InflightStore, RedisInflightStore, SharedInflightStore, make_store
 from gateway.telemetry import Telemetry
 from gateway.tracing_env import trace_exporters
@@ -87,6 +90,8 @@ class Gateway:
     admission: Admission
     upstream: Upstream
     drain: Drain
+    control: Control  # run-time changes: gray releases' weights, config reload
+    shadow: Shadow  # gray releases' shadow copies
     tracing: Tracing | None = None  # None: tracing off (no OTEL_* settings)
 
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
@@ -146,6 +151,8 @@ async def open_gateway(
         if tracer_provider is not None:
             tracing = Tracing(tracer_provider, registry)
         monitor.learner = learner
+        releases = Releases(settings.releases)
+        upstream = Upstream(pool, registry, telemetry, settings)
         gw = Gateway(
             settings=settings,
             telemetry=telemetry,
@@ -154,12 +161,14 @@ async def open_gateway(
             monitor=monitor,
             router=router,
             learner=learner,
-            intake=Intake(settings, registry),
+            intake=Intake(settings, registry, releases),
             admission=Admission(
                 router.decide, registry.changed, settings.policy.queue_deadline_s, telemetry
             ),
-            upstream=Upstream(pool, registry, telemetry, settings),
+            upstream=upstream,
             drain=drain or Drain(),
+            control=Control(settings, releases, frozenset(registry.models)),
+            shadow=Shadow(router.decide, upstream, telemetry),
             tracing=tracing,
         )
         gw.upstream.learner = learner
@@ -167,10 +176,12 @@ async def open_gateway(
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()
         stack.push_async_callback(gw.upstream.watchdog.aclose)
+        stack.push_async_callback(gw.shadow.aclose)
         state = _store_kind(store)
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
             "policy": router.name, "state": state,
+            "releases": ",".join(sorted(releases.table)) or "none",
             "tracing": "off" if gw.tracing is None else "on"}})  # fmt: skip
         yield gw
 
@@ -234,6 +245,8 @@ class Proxy:
         except GatewayError as e:
             await gw.reject(ex, e)
             return
+        if ex.mirror is not None:
+            gw.shadow.mirror(ex, gw.intake.new_id())
         # The client may go away at any point: that cancels this task, and with it the
         # upstream request. Told by the server when it can; else a task waits for the news.
         gone: list[bool] = []
@@ -370,7 +383,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with open_gateway(settings, drain, store, tracer_provider) as gw:
-            yield {"gateway": gw}
+            outer.gateway = gw
+            try:
+                yield {"gateway": gw}
+            finally:
+                outer.gateway = None
 
     app = FastAPIOffline(
         title="tiergate",
@@ -396,9 +413,10 @@ def create_app(
 
     @app.get("/v1/models", tags=["OpenAI"])
     async def models(request: Request) -> api.ModelList:
-        """The models the gateway serves (the union of its backends')."""
+        """The models the gateway serves: its backends', and its gray releases'."""
         now = int(time.time())
-        names = sorted(_gateway(request).registry.models)
+        gw = _gateway(request)
+        names = sorted(gw.registry.models | gw.control.releases.table.keys())
         return api.ModelList(data=[api.ModelCard(id=m, created=now) for m in names])
 
     @app.get("/health", tags=["Operations"])
@@ -486,7 +504,15 @@ def create_app(
                             status_code=exc.status_code, headers=exc.headers)  # fmt: skip
 
     async def invalid(request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(400, str(exc)), status_code=400)
+        # The first problem, named by its field; str(exc) would show the endpoint's source.
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        if not errors:
+            return JSONResponse(error_body(400, "Invalid request."), status_code=400)
+        loc = [str(p) for p in errors[0].get("loc", ()) if p not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+        message = str(errors[0].get("msg", "invalid"))
+        return JSONResponse(error_body(400, f"{param}: {message}" if param else message, param),
+                            status_code=400)  # fmt: skip
 
     async def crashed(request: Request, exc: Exception) -> Response:
         return JSONResponse(error_body(500, "Internal gateway error; see the gateway's log."),
@@ -501,7 +527,9 @@ def create_app(
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(Exception, crashed)
-    return GatewayApp(app, proxies, drain)
+    app.include_router(admin.router)
+    outer = GatewayApp(app, proxies, drain)
+    return outer
 
 
 def _openapi(app: FastAPI, events: list[type[BaseModel]]) -> dict[str, Any]:
@@ -533,6 +561,12 @@ class GatewayApp:
     def __init__(self, app: FastAPI, hot: dict[str, Proxy], drain: Drain) -> None:
         self.app, self.hot = app, hot
         self.drain = drain  # the shutdown state, for the runner (gateway.server)
+        self.gateway: Gateway | None = None  # while the app runs (its lifespan)
+
+    def hangup(self) -> None:
+        """SIGHUP: reload the config file's releases (gateway.admin)."""
+        if self.gateway is not None:
+            self.gateway.control.reload_logged()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

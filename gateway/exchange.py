@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState, Slo
 
 if TYPE_CHECKING:
+    from gateway.releases import Variant
     from gateway.tracing import RequestTrace
 
 __all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send"]
@@ -54,6 +55,9 @@ class Exchange:
     exclude: frozenset[str] = frozenset()  # backends that cannot serve this request
     slo: Slo = DEFAULT_SLO  # the configured default, or x-tiergate-slo-ttft-ms / -tpot-ms
     affinity: int | None = None  # the prefix-cache affinity key (gateway.routing.affinity)
+    variant: Variant | None = None  # the gray release's variant serving it (gateway.releases)
+    mirror: Variant | None = None  # where a shadow copy of it goes (None: nowhere)
+    shadow: bool = False  # it is a shadow copy: its answer goes nowhere
     # Per-request work a wire adapter did once for all attempts (e.g. a translated body).
     prepared: dict[str, object] = field(default_factory=dict)
     # -- admission
@@ -118,4 +122,7 @@ class Exchange:
     @property
     def response_headers(self) -> list[tuple[bytes, bytes]]:
         """Headers every answer to this request carries, whoever gives it."""
-        return [(b"x-request-id", self.id.encode("latin-1"))]
+        if self.variant is None:
+            return [(b"x-request-id", self.id.encode("latin-1"))]
+        return [(b"x-request-id", self.id.encode("latin-1")),
+                (b"x-tiergate-variant", self.variant.name.encode("latin-1"))]  # fmt: skip

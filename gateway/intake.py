@@ -26,6 +26,7 @@ from gateway.api import ChatCompletionRequest, CompletionRequest
 from gateway.errors import GatewayError
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.registry import Registry
+from gateway.releases import Release, Releases
 from gateway.routing import Role, Slo
 from gateway.routing.affinity import affinity_key
 from gateway.settings import Settings
@@ -47,8 +48,11 @@ class ClientGone(asyncio.CancelledError):
 
 
 class Intake:
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(
+        self, settings: Settings, registry: Registry, releases: Releases | None = None
+    ) -> None:
         self.registry = registry
+        self.releases = Releases(settings.releases) if releases is None else releases
         self.slo = settings.slo.slo()
         self.max_body = settings.max_body_bytes
         self.api_keys = frozenset(
@@ -107,7 +111,12 @@ class Intake:
             raise GatewayError(400, message, param) from None
         ex.data = data
         ex.stream = bool(getattr(parsed, "stream", False))
-        ex.model = self._model(getattr(parsed, "model", None))
+        model = getattr(parsed, "model", None)
+        release = self.releases.get(model) if self.releases and model is not None else None
+        if release is None:
+            ex.model = self._model(model)
+        else:
+            self._release(ex, release)
         ex.pinned = self._pin(ex.headers.get(b"x-tiergate-tier"))
         ex.slo = self._slo(ex.headers)
         if self.keyed:
@@ -144,6 +153,18 @@ class Intake:
         elif model not in models:
             raise GatewayError(404, f"The model `{model}` does not exist.", "model")
         return model
+
+    def _release(self, ex: Exchange, release: Release) -> None:
+        """Put `ex` on a variant of `release`: sticky by its session or user, if it has one.
+        The body names the variant's model, since that is what its backends serve."""
+        user = ex.data.get("user")
+        key = ex.headers.get(b"x-session-id") or (
+            user.encode() if isinstance(user, str) and user else None)  # fmt: skip
+        ex.variant, ex.mirror = self.releases.choose(release, key)
+        ex.model = ex.variant.model
+        if ex.model != release.model:
+            ex.data["model"] = ex.model
+            ex.body = json.dumps(ex.data, separators=(",", ":")).encode()
 
     @staticmethod
     def _pin(value: bytes | None) -> Role | None:

@@ -268,6 +268,7 @@ class GatewayServer(uvicorn.Server):
         self.hurry = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._drainer: asyncio.Task[None] | None = None
+        self.hangup: Callable[[], None] = lambda: None  # what SIGHUP does (build_server)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -275,10 +276,16 @@ class GatewayServer(uvicorn.Server):
         yield
 
     def listen(self) -> None:
-        """Handle SIGTERM and SIGINT on the running loop (main thread only)."""
+        """Handle SIGTERM, SIGINT and SIGHUP on the running loop (main thread only)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self.on_hangup)
+
+    def on_hangup(self) -> None:
+        """SIGHUP: the app rereads its config file (gateway.admin); nothing stops."""
+        log.info("SIGHUP: reloading the config file")
+        self.hangup()
 
     def on_signal(self, sig: int) -> None:
         self.signals += 1
@@ -370,6 +377,7 @@ def build_server(settings: Settings, app: GatewayApp) -> GatewayServer:
         timeout_graceful_shutdown=settings.shutdown.drain_timeout_s + CUT_GRACE_S,
     )
     server = GatewayServer(config, app.drain, settings.shutdown)
+    server.hangup = app.hangup
     # Each client connection may hold an engine connection too.
     raise_fd_limit(2 * settings.server.max_connections + 256)
     return server

@@ -44,10 +44,14 @@ __all__ = [
     "MonitorConfig",
     "OutlierConfig",
     "PolicyConfig",
+    "ReleaseConfig",
     "RetryConfig",
     "Settings",
+    "ShadowConfig",
     "TierConfig",
+    "VariantConfig",
     "load_settings",
+    "release_problems",
 ]
 
 ENV_PREFIX = "TIERGATE_"
@@ -153,6 +157,44 @@ class TierConfig(_Model):
     name: TierName
     role: Literal["latency", "throughput"]
     backends: list[BackendConfig] = Field(min_length=1)
+
+
+class VariantConfig(_Model):
+    """One deployment of a release: the model name its backends serve it under, and its share
+    of the release's traffic (weights are relative: 95 and 5, or 0.95 and 0.05)."""
+
+    name: TierName
+    model: NonEmptyStr
+    weight: float = Field(ge=0, le=1e6)
+
+
+class ShadowConfig(_Model):
+    """Mirror a share of a release's requests to one variant and discard its answers: the new
+    version sees real traffic before any client sees its answers."""
+
+    variant: TierName
+    share: float = Field(gt=0, le=1)
+
+
+class ReleaseConfig(_Model):
+    """A gray release: the model name clients ask for, split over variants by weight. A request
+    with an `x-session-id` header or a `user` field always lands on the same variant while the
+    weights stay as they are; one with neither is split at random."""
+
+    model: NonEmptyStr
+    variants: list[VariantConfig] = Field(min_length=1)
+    shadow: ShadowConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_variants(self) -> Self:
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise _FieldError("variants", f"variant names must be unique, got {names}")
+        if not any(v.weight > 0 for v in self.variants):
+            raise _FieldError("variants", "at least one variant needs a weight above 0")
+        if self.shadow is not None and self.shadow.variant not in names:
+            raise _FieldError("shadow", f"variant {self.shadow.variant!r} is not one of {names}")
+        return self
 
 
 class PolicyConfig(PolicyParams):
@@ -336,6 +378,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, repr=False)
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     api_keys: Annotated[list[SecretStr], NoDecode] = []
+    # Gray releases (gateway.releases): model names split over variants.
+    releases: list[ReleaseConfig] = []
+    # The key of the admin API (/admin/...: release weights, config reload); without one the
+    # admin API answers 403.
+    admin_key: SecretStr | None = None
     log_level: LogLevel = "info"
     log_json: bool = False
     request_timeout_s: float = Field(default=600, gt=0)
@@ -391,6 +438,15 @@ class Settings(BaseSettings):
                     )
                 seen_urls[key] = tier.name
         return tiers
+
+    @field_validator("releases")
+    @classmethod
+    def _check_releases_unique(cls, releases: list[ReleaseConfig]) -> list[ReleaseConfig]:
+        models = [r.model for r in releases]
+        for model in models:
+            if models.count(model) > 1:
+                raise ValueError(f"model {model!r} has more than one release")
+        return releases
 
     @classmethod
     def settings_customise_sources(
@@ -470,12 +526,32 @@ def _check_serving(settings: Settings) -> list[str]:
         return [
             "tiers: at least one tier is required (in the config file or TIERGATE_TIERS)",
         ]
+    problems = release_problems(settings.releases, _served(settings.tiers))
+    if problems:
+        return problems
     roles = {tier.role for tier in settings.tiers}
     if settings.policy.name == "latency-only" and "latency" not in roles:
         return ["policy.name: 'latency-only' needs a tier with role latency"]
     if settings.policy.name == "throughput-only" and "throughput" not in roles:
         return ["policy.name: 'throughput-only' needs a tier with role throughput"]
     return []
+
+
+def _served(tiers: Sequence[TierConfig]) -> frozenset[str]:
+    return frozenset(m for t in tiers for b in t.backends for m in b.models)
+
+
+def release_problems(releases: Sequence[ReleaseConfig], served: frozenset[str]) -> list[str]:
+    """Releases whose variants no backend serves (checked again when releases are reloaded)."""
+    problems = []
+    for i, release in enumerate(releases):
+        for j, variant in enumerate(release.variants):
+            if variant.model not in served:
+                problems.append(
+                    f"releases.{i}.variants.{j}.model: no backend serves {variant.model!r}"
+                    f" (served: {', '.join(sorted(served))})"
+                )
+    return problems
 
 
 def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:

@@ -259,6 +259,36 @@ class Telemetry:
             buckets=TPOT_BUCKETS,
             registry=r,
         )
+        # Gray releases (gateway.releases): each variant's outcomes and latency, live and in
+        # shadow mode, to compare a new version with the old before shifting weight to it.
+        self.release_requests = Counter(
+            "tiergate_release_requests_total",
+            "Requests of gray releases by variant; mode live (answered to the client) or "
+            "shadow (a copy, answer discarded); outcome ok, client_error (4xx) or error (5xx, "
+            "or a stream that broke).",
+            ("release", "variant", "mode", "outcome"),
+            registry=r,
+        )
+        self.release_duration = Histogram(
+            "tiergate_release_duration_seconds",
+            "Latency to last byte of gray releases' requests, by variant and mode.",
+            ("release", "variant", "mode"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.release_ttft = Histogram(
+            "tiergate_release_ttft_seconds",
+            "Time to first token of gray releases' streamed requests, by variant and mode.",
+            ("release", "variant", "mode"),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "tiergate_shadow_dropped_total",
+            "Shadow copies not sent: too many in flight (busy), or no backend had room.",
+            ("release", "variant", "reason"),
+            registry=r,
+        )
         self.output_tokens = Counter(
             "tiergate_output_tokens",
             "Output tokens of streamed requests (from usage if sent).",
@@ -343,12 +373,29 @@ class Telemetry:
                        and not ex.midstream_error)  # fmt: skip
                 label = slo_class(ex.slo.tpot_s)
                 self.child(self.slo_met if met else self.slo_missed, tier, label).inc()
+        if ex.variant is not None:
+            self.record_variant(ex, elapsed)
         if log.isEnabledFor(logging.INFO):
             d = ex.decision
             log.info("request", extra={"fields": {
                 "request_id": ex.id, "model": model, "policy": d.policy, "reason": d.reason,
                 "tier": tier, "backend": b.url if b else None, "status": ex.status,
                 "attempts": ex.attempts, "ms": round(elapsed * 1000, 2)}})  # fmt: skip
+
+    def record_variant(self, ex: Exchange, elapsed: float) -> None:
+        """A gray release's request (live or shadow), once it is over."""
+        v = ex.variant
+        assert v is not None
+        mode = "shadow" if ex.shadow else "live"
+        if ex.midstream_error or ex.status >= 500 or ex.status == 0:
+            outcome = "error"
+        else:
+            outcome = "client_error" if ex.status >= 400 else "ok"
+        self.child(self.release_requests, v.release, v.name, mode, outcome).inc()
+        if ex.backend is not None:
+            self.child(self.release_duration, v.release, v.name, mode).observe(elapsed)
+            if ex.ttft is not None:
+                self.child(self.release_ttft, v.release, v.name, mode).observe(ex.ttft)
 
 
 class JsonFormatter(logging.Formatter):

@@ -18,7 +18,10 @@ listening: the kernel gives it no connection, but the port stays taken while wor
 port in use fails the start at once, and port 0 is resolved once for all.
 
 Parent and worker talk over a socket pair: the worker says when it serves, the parent sends
-each signal's name. The workers ignore SIGTERM and SIGINT themselves: a terminal's Ctrl-C, or
+each signal's name. SIGHUP goes to every worker too, each rereading the config file's releases
+(gateway.admin); a release table a worker publishes after an admin change is relayed to every
+worker in the order it arrived (the sender included, so all end on the same one) and kept for
+workers started later. The workers ignore SIGTERM and SIGINT themselves: a terminal's Ctrl-C, or
 a service manager signalling the whole process group, reaches them too, and each signal must
 count once. A worker that reads the end of the pair (its parent is gone, even killed) drains
 as on SIGTERM, so none is left behind.
@@ -58,12 +61,15 @@ from prometheus_client.multiprocess import mark_process_dead
 from gateway.settings import Settings
 from gateway.state import SharedTable
 
-__all__ = ["WorkerSpec", "supervise"]
+__all__ = ["RELEASES_MESSAGE", "WorkerSpec", "supervise"]
 
 log = logging.getLogger(__name__)
 
 _STARTED = b"started"
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_HANGUP = b"SIGHUP"
+# A worker's release table after an admin change (gateway.admin), relayed to every worker.
+RELEASES_MESSAGE = b"releases "
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +120,11 @@ class _Worker:
     started: bool = False
 
     def tell(self, sig: int) -> None:
+        self.send(signal.Signals(sig).name.encode())
+
+    def send(self, message: bytes) -> None:
         with contextlib.suppress(OSError):  # gone already: its exit is on its way
-            self.conn.send_bytes(signal.Signals(sig).name.encode())
+            self.conn.send_bytes(message)
 
 
 @dataclass(eq=False)
@@ -126,6 +135,9 @@ class _Supervisor:
     table: SharedTable | None = None
     workers: dict[int, _Worker] = field(default_factory=dict)
     signals: list[int] = field(default_factory=list)  # received, not yet passed on
+    # The release table a worker last published (an admin change), for restarted workers;
+    # None: the config file's, which every worker reads itself.
+    releases: bytes | None = None
     stopping: bool = False
     failed: bool = False
     announced: bool = False
@@ -146,7 +158,7 @@ class _Supervisor:
             self.table = SharedTable.create(list(dict.fromkeys(urls)), s.workers)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in _SIGNALS}
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (*_SIGNALS, signal.SIGHUP)}
         previous_wakeup = signal.set_wakeup_fd(wake_w)
         try:
             log.info("starting workers", extra={"fields": {
@@ -189,6 +201,12 @@ class _Supervisor:
                 self._exited(exits[ready])
         while self.signals:
             sig = self.signals.pop(0)
+            if sig == signal.SIGHUP:  # each worker rereads the config file
+                log.info("SIGHUP: workers reload the config file")
+                self.releases = None
+                for worker in self.workers.values():
+                    worker.send(_HANGUP)
+                continue
             if not self.stopping:
                 log.info("stopping workers", extra={"fields": {
                     "signal": signal.Signals(sig).name}})  # fmt: skip
@@ -215,8 +233,16 @@ class _Supervisor:
         except (EOFError, OSError):
             worker.conn.close()  # it is exiting: its sentinel will say so
             return
+        if message.startswith(RELEASES_MESSAGE):
+            # In one order to all, the sender too, so that all end on the same table.
+            self.releases = message
+            for each in self.workers.values():
+                each.send(message)
+            return
         if message == _STARTED and not worker.started:
             worker.started = True
+            if self.releases is not None:  # restarted after an admin change
+                worker.send(self.releases)
             if self.stopping or self.announced:
                 return
             if all(w.started for w in self.workers.values()):
@@ -267,26 +293,35 @@ def _work(settings: Settings, spec: WorkerSpec, conn: Connection) -> None:
     from gateway.state import make_store
     from gateway.telemetry import setup_logging
 
-    for sig in _SIGNALS:  # its parent passes them on (module docstring)
+    for sig in (*_SIGNALS, signal.SIGHUP):  # its parent passes them on (module docstring)
         signal.signal(sig, signal.SIG_IGN)
     setup_logging(settings.log_level, settings.log_json)
     shared = None if spec.table is None else (spec.table, spec.slot)
-    server = build_server(settings, create_app(settings, make_store(settings.redis_url, shared)))
+    app = create_app(settings, make_store(settings.redis_url, shared))
+    server = build_server(settings, app)
     sockets = bind(settings.host, spec.port)
 
     def heard() -> None:
         try:
-            name = conn.recv_bytes().decode()
+            message = conn.recv_bytes()
         except (EOFError, OSError):
             asyncio.get_running_loop().remove_reader(conn.fileno())
             log.warning("the workers' parent is gone: draining")
             if spec.table is not None:
                 spec.table.unlink()  # nobody else will
             shutil.rmtree(os.environ.get("PROMETHEUS_MULTIPROC_DIR", ""), ignore_errors=True)
-            name = "SIGTERM"
-        server.on_signal(signal.Signals[name])
+            message = b"SIGTERM"
+        if message.startswith(RELEASES_MESSAGE):
+            if app.gateway is not None:
+                app.gateway.control.received(message)
+        elif message == _HANGUP:
+            app.hangup()
+        else:
+            server.on_signal(signal.Signals[message.decode()])
 
     async def started() -> None:
+        if app.gateway is not None:  # its admin changes go to the other workers too
+            app.gateway.control.publish = conn.send_bytes
         conn.send_bytes(_STARTED)
 
     async def main() -> None:

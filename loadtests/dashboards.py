@@ -72,10 +72,23 @@ def demo_settings(policy: PolicyName = DEFAULT_POLICY) -> dict[str, Any]:
         # is back (on probation) for its error phase after the failure burst ejected it.
         "outlier": {"base_ejection_s": 1.0, "max_ejection_s": 3.0},
         "log_level": "warning",
+        "releases": [demo_release()],
     }  # fmt: skip
 
 
-DEMO_THROUGHPUT_ARGS = ("--max-num-seqs", "6")
+# The demo's gray release: clients ask for RELEASE, split 90/10 between the model as the
+# engines serve it now and a canary name the throughput engines also answer to; a share of the
+# stable variant's requests is copied to the canary (shadow mode).
+RELEASE = "chat"
+CANARY = "llama-2-7b-chat-canary"
+DEMO_THROUGHPUT_ARGS = ("--max-num-seqs", "6", "--model", MODEL, "--model", CANARY)
+
+
+def demo_release() -> dict[str, Any]:
+    return {"model": RELEASE, "variants": [
+        {"name": "stable", "model": MODEL, "weight": 90},
+        {"name": "canary", "model": CANARY, "weight": 10}],
+        "shadow": {"variant": "canary", "share": 0.5}}  # fmt: skip
 
 
 def start_demo_stack(workdir: Path, speedup: float, policy: PolicyName = DEFAULT_POLICY) -> Stack:
@@ -85,8 +98,9 @@ def start_demo_stack(workdir: Path, speedup: float, policy: PolicyName = DEFAULT
                         gateways=0)  # fmt: skip
     try:
         roles = (("latency", stack.latency), ("throughput", stack.throughput))
+        models = {"latency": [MODEL], "throughput": [MODEL, CANARY]}
         tiers = [{"name": role, "role": role,
-                  "backends": [{"url": s.url, "models": [MODEL]} for s in sims]}
+                  "backends": [{"url": s.url, "models": models[role]} for s in sims]}
                  for role, sims in roles]  # fmt: skip
         add_gateway(stack, workdir, "gateway", tiers=tiers, **demo_settings(policy))
     except BaseException:
@@ -176,10 +190,12 @@ def _slo_headers(sc: Scenario, user: int) -> dict[str, str] | None:
 
 
 def _body(sc: Scenario, user: int, n: int) -> tuple[dict[str, Any], bool]:
-    # A mix: two requests in three stream, one user in four speaks chat.
+    # A mix: two requests in three stream, one user in four speaks chat, one in five asks for
+    # the gray release.
     stream = (user + n) % 3 != 0
     chat = user % 4 == 3
-    body: dict[str, Any] = {"model": MODEL, "max_tokens": sc.output_tokens, "ignore_eos": True,
+    model = RELEASE if user % 5 == 4 else MODEL
+    body: dict[str, Any] = {"model": model, "max_tokens": sc.output_tokens, "ignore_eos": True,
                             "temperature": 0, "stream": stream}  # fmt: skip
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -666,13 +682,16 @@ tiergate bench dashboards --out docs/dashboards --seconds {seconds:g} --speedup 
    ({golden})
    so that a few dozen users cross every regime. 500 answers are retried, with a retry budget
    floor of 1/s. The tiers are named `latency` and `throughput`. The gateway's latency model
-   learns each engine's curves whatever the policy routes by.
+   learns each engine's curves whatever the policy routes by. A gray release `{RELEASE}` splits
+   90/10 between the model the engines serve and a canary name the throughput engines also
+   answer to, and half of the stable variant's requests are copied to the canary (shadow).
 2. A real Prometheus scrapes it with `deploy/prometheus/prometheus.yml` (targets swapped for the
    loopback ports, 1 s scrape and rule evaluation) and the rule files of
    `deploy/prometheus/rules/`, so job names, labels and recording rules are the deployed ones.
 3. Closed-loop users ({output_tokens} output tokens; two requests in three stream, a quarter of
    the users use the chat endpoint, a third ask a {sc.tight_tpot_ms:g} ms TPOT SLO with
-   `x-tiergate-slo-tpot-ms` and the others get the default, 25 ms) follow a step shape:
+   `x-tiergate-slo-tpot-ms` and the others get the default, 25 ms, a fifth ask for the gray
+   release) follow a step shape:
 {_indent(phases)}
 4. Faults, at fixed points of the run (dotted vertical lines): a burst of {sc.burst} requests
    that fail on every engine at {pct[0]}% (retries past the budget, ejections); the v4 engine

@@ -54,6 +54,11 @@ def write(tmp_path: Path, doc: Any, name: str = "tiers.yaml") -> Path:
     return path
 
 
+def _release(*variants: tuple[str, str, float]) -> dict[str, Any]:
+    return {"model": "llama", "variants": [
+        {"name": n, "model": m, "weight": w} for n, m, w in variants]}  # fmt: skip
+
+
 def doc_with(**changes: Any) -> dict[str, Any]:
     """BASE with dotted-path changes applied, e.g. ``{"tiers.0.role": "x"}``."""
     doc = copy.deepcopy(BASE)
@@ -322,6 +327,41 @@ INVALID: list[Any] = [
     bad_file("monitor-interval", "monitor.scrape_interval_s", **{"monitor.scrape_interval_s": 0}),
     bad_file(
         "monitor-eject", "monitor.eject_after_failures", **{"monitor.eject_after_failures": 0}
+    ),
+    bad_file(
+        "release-dup-variant",
+        "releases.0.variants",
+        releases=[_release(("a", MODEL, 1), ("a", MODEL, 1))],
+    ),
+    bad_file(
+        "release-zero-weights",
+        "releases.0.variants",
+        releases=[_release(("a", MODEL, 0), ("b", MODEL, 0))],
+    ),
+    bad_file(
+        "release-negative-weight",
+        "releases.0.variants.0.weight",
+        releases=[_release(("a", MODEL, -1))],
+    ),
+    bad_file(
+        "release-shadow-unknown",
+        "releases.0.shadow",
+        releases=[{**_release(("a", MODEL, 1)), "shadow": {"variant": "z", "share": 0.1}}],
+    ),
+    bad_file(
+        "release-shadow-share",
+        "releases.0.shadow.share",
+        releases=[{**_release(("a", MODEL, 1)), "shadow": {"variant": "a", "share": 2}}],
+    ),
+    bad_file(
+        "release-dup-model",
+        "releases",
+        releases=[_release(("a", MODEL, 1)), _release(("b", MODEL, 1))],
+    ),
+    bad_file(
+        "release-unserved",
+        "releases.0.variants.1.model",
+        releases=[_release(("a", MODEL, 1), ("b", "nobody-serves-this", 1))],
     ),
     bad_file("port", "port", port=70000),
     bad_file("max-body", "max_body_bytes", max_body_bytes=0),
