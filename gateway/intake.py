@@ -112,7 +112,8 @@ class Intake:
         ex.data = data
         ex.stream = bool(getattr(parsed, "stream", False))
         model = getattr(parsed, "model", None)
-        release = self.releases.get(model) if self.releases and model is not None else None
+        releases = self.releases.table
+        release = releases.get(model) if releases and model is not None else None
         if release is None:
             ex.model = self._model(model)
         else:

@@ -127,6 +127,7 @@ def test_a_95_5_split_lands_within_binomial_noise(release: Release) -> None:
     put(gw.url, {"v1": 95, "v2": 5}).raise_for_status()
     counts = variants(asyncio.run(send(gw.url, N_SPLIT)))
     share = counts["v2"] / N_SPLIT
+    print(f"split over {N_SPLIT} requests: {dict(counts)}, v2 share {share:.4f}")
     sigma = (0.05 * 0.95 / N_SPLIT) ** 0.5  # 0.49 points
     assert abs(share - 0.05) < 4 * sigma, (counts, share)
     assert counts["v1"] + counts["v2"] == N_SPLIT
