@@ -40,7 +40,7 @@ from gateway.workers import RELEASES_MESSAGE
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-__all__ = ["Control", "router"]
+__all__ = ["Control", "ops_guard", "router"]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,12 @@ def _authorized(request: Request) -> None:
     if not hmac.compare_digest(sent.encode(), want.encode()):
         raise HTTPException(401, "Missing or invalid admin key (Authorization: Bearer ...).",
                             headers={"www-authenticate": "Bearer"})  # fmt: skip
+
+
+def ops_guard(request: Request) -> None:
+    """/metrics and /state: the admin key, when `protect_ops` asks for it."""
+    if _gateway(request).settings.protect_ops:
+        _authorized(request)
 
 
 def _raise(e: ReleaseError) -> NoReturn:

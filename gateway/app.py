@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import aiohttp
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -49,6 +49,7 @@ from gateway.exchange import Endpoint, Exchange, Send
 from gateway.http1 import Http1Pool
 from gateway.intake import ClientGone, Intake, Receive
 from gateway.learner import Learner
+from gateway.limits import Limits
 from gateway.load.monitor import Monitor
 from gateway.registry import Registry
 from gateway.releases import Releases
@@ -91,6 +92,7 @@ class Gateway:
     upstream: Upstream
     drain: Drain
     control: Control  # run-time changes: gray releases' weights, config reload
+    limits: Limits  # tenants' rate limits
     shadow: Shadow  # gray releases' shadow copies
     tracing: Tracing | None = None  # None: tracing off (no OTEL_* settings)
 
@@ -169,6 +171,7 @@ async def open_gateway(
             drain=drain or Drain(),
             control=Control(settings, releases, frozenset(registry.models)),
             shadow=Shadow(router.decide, upstream, telemetry),
+            limits=Limits(settings.redis_url if settings.tenants else None, telemetry),
             tracing=tracing,
         )
         gw.upstream.learner = learner
@@ -177,6 +180,7 @@ async def open_gateway(
         await gw.upstream.watchdog.start()
         stack.push_async_callback(gw.upstream.watchdog.aclose)
         stack.push_async_callback(gw.shadow.aclose)
+        stack.push_async_callback(gw.limits.aclose)
         state = _store_kind(store)
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
@@ -227,6 +231,8 @@ class Proxy:
                 await gw.reject(ex, GatewayError(500, message, reason="internal"))
         finally:
             del live[ex]
+            if ex.limited:
+                gw.limits.finish(ex)
             if ex.trace is not None:
                 ex.trace.end(ex)
 
@@ -242,6 +248,7 @@ class Proxy:
         me = cast(asyncio.Task[Any], ex.task)
         try:
             await gw.intake.read(ex, receive)
+            await gw.limits.admit(ex)
         except GatewayError as e:
             await gw.reject(ex, e)
             return
@@ -449,7 +456,12 @@ def create_app(
         )
         return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
-    @app.get("/state", tags=["Operations"])
+    guard = [Depends(admin.ops_guard)]
+    unauthorized: dict[int | str, dict[str, Any]] = {401: {
+        "model": api.ErrorResponse,
+        "description": "protect_ops is on: the admin key is missing or wrong."}}  # fmt: skip
+
+    @app.get("/state", tags=["Operations"], dependencies=guard, responses=unauthorized)
     async def state(request: Request) -> api.GatewayState:
         """What routing sees right now: every backend's load, health, in-flight count and
         learned latency curve."""
@@ -482,11 +494,13 @@ def create_app(
         "/metrics",
         tags=["Operations"],
         response_class=Response,
+        dependencies=guard,
         responses={
+            **unauthorized,
             200: {
                 "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
                 "description": "Prometheus text exposition; metrics prefixed `tiergate_`.",
-            }
+            },
         },
     )
     async def metrics(request: Request) -> Response:

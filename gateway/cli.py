@@ -109,3 +109,59 @@ def serve(
         raise typer.Exit(2) from None
     setup_logging(settings.log_level, settings.log_json)
     run(settings)
+
+
+keys = typer.Typer(help="API keys of named tenants.", no_args_is_help=True)
+
+
+@keys.command("create")
+def keys_create(
+    name: Annotated[str, typer.Argument(help="The tenant's name (in metrics and logs).")],
+    priority: Annotated[
+        str, typer.Option(help="interactive, standard or batch (or a number: higher first).")
+    ] = "standard",
+    requests_per_minute: Annotated[
+        int | None, typer.Option(min=1, help="Requests in any 60 s window.")
+    ] = None,
+    tokens_per_minute: Annotated[
+        int | None, typer.Option(min=1, help="Prompt + completion tokens per minute.")
+    ] = None,
+    max_concurrent: Annotated[int | None, typer.Option(min=1, help="Requests in flight.")] = None,
+) -> None:
+    """Make a new random key and print it once, with the tenant entry for the config, which
+    holds only the key's SHA-256."""
+    import yaml
+    from pydantic import ValidationError
+
+    from gateway.settings import TenantConfig
+    from gateway.tenants import hash_key, new_key
+
+    key = new_key()
+    limits = {k: v for k, v in (("requests_per_minute", requests_per_minute),
+              ("tokens_per_minute", tokens_per_minute), ("max_concurrent", max_concurrent))
+              if v is not None}  # fmt: skip
+    try:
+        rank: str | int = int(priority)
+    except ValueError:
+        rank = priority
+    try:
+        tenant = TenantConfig(name=name, key_sha256=hash_key(key), priority=rank, limits=limits)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][:1])
+        raise typer.BadParameter(f"{where}: {first['msg']}") from None
+    entry = tenant.model_dump(mode="json", exclude_defaults=True)
+    entry["key_sha256"] = tenant.key_sha256
+    typer.echo(f"# key (shown once; give it to the tenant): {key}")
+    typer.echo("# under `tenants:` in the config or the tenants file:")
+    typer.echo(yaml.safe_dump([entry], sort_keys=False).rstrip())
+
+
+@keys.command("hash")
+def keys_hash(
+    key: Annotated[str, typer.Argument(help="An existing key, e.g. sk-...")],
+) -> None:
+    """Print a key's SHA-256: the `key_sha256` of its tenant entry."""
+    from gateway.tenants import hash_key
+
+    typer.echo(hash_key(key))

@@ -19,6 +19,7 @@ from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState, 
 
 if TYPE_CHECKING:
     from gateway.releases import Variant
+    from gateway.tenants import Tenant
     from gateway.tracing import RequestTrace
 
 __all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send"]
@@ -47,6 +48,9 @@ class Exchange:
     started: float  # perf_counter at arrival
     task: asyncio.Task[Any] | None = None  # the task serving this request (what a cut cancels)
     # -- intake: what the client asked for
+    tenant: Tenant | None = None  # who asked (gateway.tenants); set once authenticated
+    limited: bool = False  # holds a place in its tenant's limits (gateway.limits) until over
+    usage_tokens: int = 0  # prompt + completion tokens of the answer's usage, when watched
     body: bytes = b""  # forwarded unchanged to pass-through engines
     data: dict[str, Any] = field(default_factory=dict)  # the body, parsed
     model: str = ""

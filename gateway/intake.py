@@ -30,6 +30,7 @@ from gateway.releases import Release, Releases
 from gateway.routing import Role, Slo
 from gateway.routing.affinity import affinity_key
 from gateway.settings import Settings
+from gateway.tenants import Tenants
 
 __all__ = ["ClientGone", "Intake", "Receive"]
 
@@ -55,9 +56,7 @@ class Intake:
         self.releases = Releases(settings.releases) if releases is None else releases
         self.slo = settings.slo.slo()
         self.max_body = settings.max_body_bytes
-        self.api_keys = frozenset(
-            f"Bearer {k.get_secret_value()}".encode() for k in settings.api_keys
-        )
+        self.tenants = Tenants(settings)
         # Affinity keys matter only where a tier has several backends to choose from.
         per_tier = collections.Counter(b.tier for b in registry.backends)
         self.keyed = settings.policy.prefix_affinity and max(per_tier.values(), default=0) > 1
@@ -82,8 +81,10 @@ class Intake:
 
     async def read(self, ex: Exchange, receive: Receive) -> None:
         """Fill in what the client asked for; a GatewayError if it cannot be served as sent."""
-        if self.api_keys and ex.headers.get(b"authorization") not in self.api_keys:
+        tenant = self.tenants.identify(ex.headers.get(b"authorization"))
+        if tenant is None:
             raise GatewayError(401, "Missing or invalid API key (Authorization: Bearer ...).")
+        ex.tenant = tenant
         ctype = ex.headers.get(b"content-type")
         if ctype and not _is_json(ctype):  # an empty header counts as none
             raise GatewayError(
@@ -118,8 +119,12 @@ class Intake:
             ex.model = self._model(model)
         else:
             self._release(ex, release)
+        if tenant.models and model not in tenant.models and ex.model not in tenant.models:
+            raise GatewayError(
+                403, f"This API key may not use the model `{model or ex.model}`.", "model"
+            )
         ex.pinned = self._pin(ex.headers.get(b"x-tiergate-tier"))
-        ex.slo = self._slo(ex.headers)
+        ex.slo = self._slo(ex.headers, tenant.slo)
         if self.keyed:
             ex.affinity = affinity_of(ex.headers.get(b"x-session-id"), data, ex.endpoint.chat)
         if self.registry.restricted:
@@ -178,14 +183,16 @@ class Intake:
                 400, "x-tiergate-tier must be `latency` or `throughput`.", "x-tiergate-tier"
             ) from None
 
-    def _slo(self, headers: dict[bytes, bytes]) -> Slo:
+    def _slo(self, headers: dict[bytes, bytes], default: Slo | None) -> Slo:
+        """The request's SLO: its headers', else its tenant's, else the gateway's."""
+        base = default or self.slo
         ttft = headers.get(b"x-tiergate-slo-ttft-ms")
         tpot = headers.get(b"x-tiergate-slo-tpot-ms")
         if ttft is None and tpot is None:
-            return self.slo
+            return base
         return Slo(
-            ttft_s=self.slo.ttft_s if ttft is None else _ms(ttft, "x-tiergate-slo-ttft-ms"),
-            tpot_s=self.slo.tpot_s if tpot is None else _ms(tpot, "x-tiergate-slo-tpot-ms"),
+            ttft_s=base.ttft_s if ttft is None else _ms(ttft, "x-tiergate-slo-ttft-ms"),
+            tpot_s=base.tpot_s if tpot is None else _ms(tpot, "x-tiergate-slo-tpot-ms"),
         )
 
     def _exclusions(self, ex: Exchange) -> frozenset[str]:

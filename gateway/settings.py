@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     SecretStr,
     StringConstraints,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigError",
     "ContinuationConfig",
     "HedgeConfig",
+    "LimitsConfig",
     "MonitorConfig",
     "OutlierConfig",
     "PolicyConfig",
@@ -48,9 +50,11 @@ __all__ = [
     "RetryConfig",
     "Settings",
     "ShadowConfig",
+    "TenantConfig",
     "TierConfig",
     "VariantConfig",
     "load_settings",
+    "read_tenants",
     "release_problems",
 ]
 
@@ -340,6 +344,42 @@ class ServerConfig(_Model):
     max_connections: int = Field(default=1000, ge=1)
 
 
+PriorityClass = Literal["interactive", "standard", "batch"]
+# A tenant's priority: a class, or a number (higher goes first; the classes are 2, 1 and 0).
+PRIORITY_CLASSES: dict[str, int] = {"interactive": 2, "standard": 1, "batch": 0}
+
+
+class LimitsConfig(_Model):
+    """A tenant's limits; null: none of that kind."""
+
+    # Requests started in any 60 s window.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    # Prompt + completion tokens per minute, as the engines' usage reports them: a bucket
+    # refilled at this rate per minute, charged when each answer ends.
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    # Requests in flight at once.
+    max_concurrent: int | None = Field(default=None, ge=1)
+
+
+class TenantConfig(_Model):
+    """A named API key: who is calling, how much it may, and how urgent its work is."""
+
+    name: TierName
+    # The key's SHA-256, hex (`tiergate keys create` makes a key and prints it): the gateway
+    # never holds the key itself.
+    key_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$", to_lower=True)]
+    priority: PriorityClass | Annotated[int, Field(ge=-100, le=100)] = "standard"
+    limits: LimitsConfig = LimitsConfig()
+    # The models it may use (release names included); empty: all.
+    models: list[NonEmptyStr] = []
+    # Its default SLO; a request's x-tiergate-slo-* headers still win.
+    slo: SloConfig | None = None
+
+    @property
+    def rank(self) -> int:
+        return PRIORITY_CLASSES[self.priority] if isinstance(self.priority, str) else self.priority
+
+
 def _split_keys(value: Any) -> Any:
     """Accept ``TIERGATE_API_KEYS`` as a JSON list or as comma-separated keys."""
     if not isinstance(value, str):
@@ -383,6 +423,13 @@ class Settings(BaseSettings):
     # The key of the admin API (/admin/...: release weights, config reload); without one the
     # admin API answers 403.
     admin_key: SecretStr | None = None
+    # /metrics and /state ask for the admin key too (off: open to whoever reaches the port,
+    # as suits local use; turn on where clients can reach the gateway's port).
+    protect_ops: bool = False
+    # Named API keys (gateway.tenants), here and in `tenants_file` (a YAML file with a
+    # `tenants:` list, e.g. a mounted secret), together; with `api_keys`, all are accepted.
+    tenants: list[TenantConfig] = []
+    tenants_file: Path | None = None
     log_level: LogLevel = "info"
     log_json: bool = False
     request_timeout_s: float = Field(default=600, gt=0)
@@ -438,6 +485,14 @@ class Settings(BaseSettings):
                     )
                 seen_urls[key] = tier.name
         return tiers
+
+    @model_validator(mode="after")
+    def _check_protect_ops(self) -> Self:
+        if self.protect_ops and self.admin_key is None:
+            raise _FieldError(
+                "protect_ops", "needs admin_key (the key /metrics and /state ask for)"
+            )
+        return self
 
     @field_validator("releases")
     @classmethod
@@ -527,6 +582,7 @@ def _check_serving(settings: Settings) -> list[str]:
             "tiers: at least one tier is required (in the config file or TIERGATE_TIERS)",
         ]
     problems = release_problems(settings.releases, _served(settings.tiers))
+    problems += _tenant_problems(settings)
     if problems:
         return problems
     roles = {tier.role for tier in settings.tiers}
@@ -535,6 +591,24 @@ def _check_serving(settings: Settings) -> list[str]:
     if settings.policy.name == "throughput-only" and "throughput" not in roles:
         return ["policy.name: 'throughput-only' needs a tier with role throughput"]
     return []
+
+
+def _tenant_problems(settings: Settings) -> list[str]:
+    problems = []
+    names: set[str] = set()
+    digests: set[str] = set()
+    known = _served(settings.tiers) | {r.model for r in settings.releases}
+    for i, t in enumerate(settings.tenants):
+        if t.name in names:
+            problems.append(f"tenants.{i}.name: {t.name!r} is used more than once")
+        if t.key_sha256 in digests:
+            problems.append(f"tenants.{i}.key_sha256: the same key as another tenant's")
+        names.add(t.name)
+        digests.add(t.key_sha256)
+        unknown = sorted(set(t.models) - known)
+        if unknown:
+            problems.append(f"tenants.{i}.models: not served: {unknown}")
+    return problems
 
 
 def _served(tiers: Sequence[TierConfig]) -> frozenset[str]:
@@ -585,7 +659,36 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
         match = re.search(r'field "([^"]+)"', str(exc))
         field = match.group(1) if match else "(environment)"
         raise fail([f"{field}: cannot parse the environment variable's value as JSON"]) from None
+    if settings.tenants_file is not None:
+        try:
+            more = read_tenants(settings.tenants_file)
+        except ConfigError as exc:
+            raise fail(list(exc.problems)) from None
+        settings = settings.model_copy(update={"tenants": [*settings.tenants, *more]})
     problems = _check_serving(settings)
     if problems:
         raise fail(problems)
     return settings
+
+
+_TENANTS = TypeAdapter(list[TenantConfig])
+
+
+def read_tenants(path: Path) -> list[TenantConfig]:
+    """The tenants of a tenants file (`tenants:` list); a ConfigError naming what is wrong."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(exc), problems=[f"tenants_file: cannot read {path}: {exc}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            str(exc), problems=[f"tenants_file: invalid YAML in {path}: {exc}"]
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("tenants", []), list):
+        why = f"tenants_file: {path} must be a mapping with a `tenants:` list"
+        raise ConfigError(why, problems=[why])
+    try:
+        return _TENANTS.validate_python(data.get("tenants") or [])
+    except ValidationError as exc:
+        problems = [f"tenants_file: {path}: tenants.{p}" for p in _problems(exc)]
+        raise ConfigError("; ".join(problems), problems=problems) from None

@@ -289,6 +289,32 @@ class Telemetry:
             ("release", "variant", "reason"),
             registry=r,
         )
+        # Tenants (gateway.tenants, gateway.limits), labelled by name only, never by key.
+        self.tenant_requests = Counter(
+            "tiergate_tenant_requests_total",
+            "Requests of named API keys, by key name and status.",
+            ("tenant", "status"),
+            registry=r,
+        )
+        self.tenant_tokens = Counter(
+            "tiergate_tenant_tokens_total",
+            "Prompt + completion tokens of named API keys' answers, as the engines' usage "
+            "reports them.",
+            ("tenant",),
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "tiergate_rate_limited_total",
+            "Requests refused (429) by a key's limit: requests, tokens or concurrency.",
+            ("tenant", "limit"),
+            registry=r,
+        )
+        self.limits_degraded = Gauge(
+            "tiergate_limits_degraded",
+            "1 while Redis does not answer and rate limits are counted per gateway process.",
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.output_tokens = Counter(
             "tiergate_output_tokens",
             "Output tokens of streamed requests (from usage if sent).",
@@ -375,6 +401,10 @@ class Telemetry:
                 self.child(self.slo_met if met else self.slo_missed, tier, label).inc()
         if ex.variant is not None:
             self.record_variant(ex, elapsed)
+        if ex.limited and ex.tenant is not None:  # a named key (gateway.limits)
+            self.child(self.tenant_requests, ex.tenant.name, str(ex.status)).inc()
+            if ex.usage_tokens:
+                self.child(self.tenant_tokens, ex.tenant.name).inc(ex.usage_tokens)
         if log.isEnabledFor(logging.INFO):
             d = ex.decision
             log.info("request", extra={"fields": {

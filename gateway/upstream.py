@@ -90,7 +90,7 @@ class Upstream:
         self.learner: Learner | None = None
         self.first_byte_timeout_s = settings.retry.first_byte_timeout_s
         # With no API keys of its own, the gateway lets the client's credentials through.
-        self.passthrough_auth = not settings.api_keys
+        self.passthrough_auth = not settings.api_keys and not settings.tenants
 
     async def forward(self, ex: Exchange, decision: Decision) -> bool:
         """Answer `ex` from the first candidate that answers; the last failure otherwise.

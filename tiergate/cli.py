@@ -75,6 +75,7 @@ def study_command(
 
 loadtests_cli.bench.command("routing-sim")(study_command)
 app.add_typer(loadtests_cli.bench, name="bench")
+app.add_typer(gateway_cli.keys, name="keys")
 
 
 def main() -> None:
