@@ -30,6 +30,15 @@ def up(
     logs: Annotated[Path, typer.Option(help="Folder for the simulators' logs.")] = Path(
         ".tiergate"
     ),
+    tenants: Annotated[
+        Path | None,
+        typer.Option(
+            help="A tenants file (named keys with priorities and limits), e.g. "
+            "examples/tenants.yaml: the gateway then asks every request for a key.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Start the embedded stack: simulated engines (a latency tier and a throughput pool)
     and the gateway in front of them. Ctrl-C stops everything."""
@@ -79,6 +88,7 @@ def up(
                 policy={"name": policy},
                 redis_url=redis_url,
                 workers=workers,
+                tenants_file=tenants,
             )
         except ConfigError as e:
             typer.echo(f"tiergate: invalid configuration: {e}", err=True)
@@ -93,6 +103,7 @@ def up(
                 "try:",
                 f"  curl -s http://127.0.0.1:{port}/v1/completions \\",
                 "    -H 'Content-Type: application/json' \\",
+                *([f"    -H 'Authorization: Bearer <a key of {tenants}>' \\"] if tenants else []),
                 f'    -d \'{{"model": "{model}", "prompt": "Hello", "max_tokens": 32}}\' -i',
                 "",
                 "Ctrl-C stops everything.",

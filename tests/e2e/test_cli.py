@@ -35,12 +35,16 @@ def _free_pair(taken: int) -> int:
             return p
 
 
+EXAMPLE_TENANTS = Path(__file__).resolve().parents[2] / "examples" / "tenants.yaml"
+
+
 def test_up_serves_then_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
     sim_port = _free_pair(port)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tiergate", "up", "--port", str(port), "--sim-port",
-         str(sim_port), "--throughput", "1", "--speedup", "10", "--logs", str(tmp_path)],
+         str(sim_port), "--throughput", "1", "--speedup", "10", "--logs", str(tmp_path),
+         "--tenants", str(EXAMPLE_TENANTS)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -49,10 +53,15 @@ def test_up_serves_then_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
         except RuntimeError:
             said = proc.stdout.read() if proc.stdout else b""  # it exited: the pipe ends
             raise AssertionError(f"tiergate up did not start:\n{said.decode()[-3000:]}") from None
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                       json={"model": MODEL, "prompt": "hi", "max_tokens": 4})  # fmt: skip
+        url, ask = f"http://127.0.0.1:{port}/v1/completions", {"model": MODEL, "prompt": "hi",
+                                                               "max_tokens": 4}  # fmt: skip
+        assert httpx.post(url, json=ask).status_code == 401  # the demo tenants' keys only
+        r = httpx.post(url, json=ask, headers={"authorization": "Bearer sk-demo-interactive"})
         assert r.status_code == 200
         assert r.headers["x-tiergate-tier"] == "latency"
+        assert r.headers["x-ratelimit-limit-requests"] == "600"
+        r = httpx.post(url, json=ask, headers={"authorization": "Bearer sk-demo-batch"})
+        assert r.headers["x-ratelimit-limit-requests"] == "60"
         assert _port_open(sim_port)
         assert _port_open(sim_port + 1)
     finally:
