@@ -91,6 +91,13 @@ def sim(
     metrics_port: Annotated[
         int | None, typer.Option(help="Triton: serve /metrics on this port only (Triton's 8002).")
     ] = None,
+    scheduling_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM's --scheduling-policy: fcfs, or priority (waiting requests by their "
+            "`priority` field, lower first). Default: the profile's (fcfs)."
+        ),
+    ] = None,
 ) -> None:
     """Run a simulated vLLM engine: vLLM's OpenAI API and metrics, with a real-time
     continuous-batching scheduler calibrated to the tutorial's tables (no GPU needed)."""
@@ -101,11 +108,14 @@ def sim(
     from engines.sim.server import SimConfig, create_app
 
     _logging(log_level)
+    if scheduling_policy not in (None, "fcfs", "priority"):
+        raise typer.BadParameter("fcfs or priority", param_hint="--scheduling-policy")
     prof = load_profile(profile).with_overrides(
         max_num_seqs=max_num_seqs,
         num_gpu_blocks=num_gpu_blocks,
         max_model_len=max_model_len,
         enable_prefix_caching=prefix_caching,
+        scheduling_policy=scheduling_policy,
     )
     if acceptance is not None:
         prof = prof.with_overrides(speculative=_acceptance(prof, acceptance))

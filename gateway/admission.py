@@ -34,13 +34,14 @@ class Admission:
     ) -> None:
         self.decide, self.changed, self.deadline_s = decide, changed, deadline_s
         self.telemetry, self.clock = telemetry, clock
+        self.priorities = True  # tenants' priorities and fair shares order the queue
 
     async def admit(self, ex: Exchange) -> Decision:
         """The decision `ex` goes out with; a GatewayError (429, 503) when it cannot go."""
         req = ex.route_request()
         decision = self.decide(req) if ex.trace is None else ex.trace.route(self.decide, req)
         if decision.reason == Reason.SATURATED:
-            decision = await self._queue(req, decision)
+            decision = await self._queue(ex, req, decision)
         ex.decision = decision
         if not decision.candidates:
             raise GatewayError(503, f"No healthy backend serves `{ex.model}`.",
@@ -53,8 +54,11 @@ class Admission:
                 decision.candidates[0].role.value).inc()  # fmt: skip
         return decision
 
-    async def _queue(self, req: RouteRequest, decision: Decision) -> Decision:
+    async def _queue(self, ex: Exchange, req: RouteRequest, decision: Decision) -> Decision:
         deadline = self.clock() + self.deadline_s
+        # In line by its tenant's priority, and fairly among tenants (gateway.registry).
+        t = ex.tenant if self.priorities else None
+        rank, tenant = (t.rank, t.name) if t is not None else (0, "")
         self.telemetry.queued.inc()
         try:
             woken = False
@@ -63,7 +67,7 @@ class Admission:
                 if left <= 0:
                     break
                 # Woken before and still no room: wait again at the front of the line.
-                woken = await self.changed.wait(left, front=woken)
+                woken = await self.changed.wait(left, front=woken, rank=rank, tenant=tenant)
                 decision = self.decide(req)
         finally:
             self.telemetry.queued.dec()

@@ -175,6 +175,7 @@ async def open_gateway(
             tracing=tracing,
         )
         gw.upstream.learner = learner
+        gw.admission.priorities = settings.priorities
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()

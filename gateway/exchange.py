@@ -49,6 +49,8 @@ class Exchange:
     task: asyncio.Task[Any] | None = None  # the task serving this request (what a cut cancels)
     # -- intake: what the client asked for
     tenant: Tenant | None = None  # who asked (gateway.tenants); set once authenticated
+    # vLLM's `priority` for engines with priority scheduling (lower runs first); None: none.
+    priority: int | None = None
     limited: bool = False  # holds a place in its tenant's limits (gateway.limits) until over
     usage_tokens: int = 0  # prompt + completion tokens of the answer's usage, when watched
     body: bytes = b""  # forwarded unchanged to pass-through engines

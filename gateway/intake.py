@@ -57,6 +57,7 @@ class Intake:
         self.slo = settings.slo.slo()
         self.max_body = settings.max_body_bytes
         self.tenants = Tenants(settings)
+        self.priorities = settings.priorities and bool(settings.tenants)
         # Affinity keys matter only where a tier has several backends to choose from.
         per_tier = collections.Counter(b.tier for b in registry.backends)
         self.keyed = settings.policy.prefix_affinity and max(per_tier.values(), default=0) > 1
@@ -124,6 +125,12 @@ class Intake:
                 403, f"This API key may not use the model `{model or ex.model}`.", "model"
             )
         ex.pinned = self._pin(ex.headers.get(b"x-tiergate-tier"))
+        if self.priorities:
+            ex.priority = 1 - tenant.rank  # interactive -1, standard 0, batch 1
+            # Batch work leaves the latency tier to interactive work: the pool, or wait.
+            batch = tenant.rank <= 0 and ex.pinned is None
+            if batch and self.registry.serving(ex.model, Role.THROUGHPUT):
+                ex.pinned = Role.THROUGHPUT
         ex.slo = self._slo(ex.headers, tenant.slo)
         if self.keyed:
             ex.affinity = affinity_of(ex.headers.get(b"x-session-id"), data, ex.endpoint.chat)

@@ -14,7 +14,6 @@ import functools
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
@@ -114,41 +113,68 @@ class BackendEntry:
         return {} if key is None else {"authorization": f"Bearer {key.get_secret_value()}"}
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    fut: asyncio.Future[None]
+    rank: int  # priority: higher first
+    tenant: str
+    seq: int  # arrival order; negative: went back to the front
+
+
 class ChangeSignal:
     """Wakes whoever waits for capacity (admission) when some may have freed; nothing polls.
 
-    A lease given back frees one slot: `notify_one` wakes the longest waiter only, so a release
-    costs one routing decision, not one per queued request. New load figures or a backend back
-    in rotation may free many: `notify` wakes them all. A waiter that was woken but could not
-    use the room waits again at the front, keeping its place.
+    A lease given back frees one slot: `notify_one` wakes one waiter only, so a release costs
+    one routing decision, not one per queued request. New load figures or a backend back in
+    rotation may free many: `notify` wakes them all, in the same order. The order: higher
+    priority first; within one, the tenant woken fewest times (round-robin over tenants, so one
+    tenant's flood cannot keep another's requests waiting: deficit round-robin with a cost of one
+    request); within one tenant, first come first served. A waiter that was woken but could not
+    use the room waits again at the front of its place. With one priority and one tenant (no
+    tenants configured, or priorities off) that is plain FIFO.
     """
 
-    __slots__ = ("_waiters",)
+    __slots__ = ("_seq", "_turns", "_waiters")
 
     def __init__(self) -> None:
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: list[_Waiter] = []
+        self._turns: dict[str, int] = {}  # times each tenant was woken while others waited
+        self._seq = 0
+
+    def _key(self, w: _Waiter) -> tuple[int, int, int]:
+        return -w.rank, self._turns.get(w.tenant, 0), w.seq
 
     def notify(self) -> None:
         if self._waiters:
-            waiters, self._waiters = self._waiters, deque()
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            waiters, self._waiters = sorted(self._waiters, key=self._key), []
+            for w in waiters:
+                if not w.fut.done():
+                    w.fut.set_result(None)
 
     def notify_one(self) -> None:
         while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+            w = min(self._waiters, key=self._key)
+            self._waiters.remove(w)
+            if not w.fut.done():
+                self._turns[w.tenant] = self._turns.get(w.tenant, 0) + 1
+                w.fut.set_result(None)
                 return
 
-    async def wait(self, seconds: float, *, front: bool = False) -> bool:
-        """Until woken (True) or `seconds` have passed (False); `front`: ahead of the others."""
+    async def wait(
+        self, seconds: float, *, front: bool = False, rank: int = 0, tenant: str = ""
+    ) -> bool:
+        """Until woken (True) or `seconds` have passed (False); `front`: ahead of the others
+        of its priority and tenant."""
         fut = asyncio.get_running_loop().create_future()
-        if front:
-            self._waiters.appendleft(fut)
-        else:
-            self._waiters.append(fut)
+        self._seq += 1
+        if not self._waiters:
+            self._turns.clear()  # a new busy period: nobody owes anybody
+        elif tenant not in self._turns:
+            # A tenant joining a queue starts level with the least served one waiting, not
+            # at zero, so it takes its share from now on, not everything until it catches up.
+            self._turns[tenant] = min(self._turns.get(w.tenant, 0) for w in self._waiters)
+        w = _Waiter(fut, rank, tenant, -self._seq if front else self._seq)
+        self._waiters.append(w)
         try:
             async with asyncio.timeout(seconds):
                 await fut
@@ -163,11 +189,11 @@ class ChangeSignal:
             if not fut.done():
                 fut.cancel()
             with contextlib.suppress(ValueError):  # already taken off by a notify
-                self._waiters.remove(fut)
+                self._waiters.remove(w)
 
     @property
     def waiting(self) -> int:
-        return sum(not f.done() for f in self._waiters)
+        return sum(not w.fut.done() for w in self._waiters)
 
 
 class Lease:

@@ -100,6 +100,10 @@ class BackendConfig(_Model):
     # Triton only: the model repository's name for a model clients ask for (Triton names cannot
     # contain "/"); a model not listed is asked for under its own name.
     triton_models: dict[NonEmptyStr, NonEmptyStr] = {}
+    # vLLM run with `--scheduling-policy priority`: requests carry vLLM's `priority` field from
+    # their tenant's priority (interactive -1, standard 0, batch 1: lower runs first). Leave it
+    # off otherwise: vLLM refuses a nonzero priority without priority scheduling.
+    priority_scheduling: bool = False
 
     @field_validator("url", "metrics_url")
     @classmethod
@@ -135,6 +139,8 @@ class BackendConfig(_Model):
 
     @model_validator(mode="after")
     def _check_triton_models(self) -> Self:
+        if self.priority_scheduling and self.kind != "vllm":
+            raise _FieldError("priority_scheduling", "only applies to backends of kind vllm")
         if self.kind != "triton":
             if self.triton_models:
                 raise _FieldError("triton_models", "only applies to backends of kind triton")
@@ -430,6 +436,11 @@ class Settings(BaseSettings):
     # `tenants:` list, e.g. a mounted secret), together; with `api_keys`, all are accepted.
     tenants: list[TenantConfig] = []
     tenants_file: Path | None = None
+    # Tenants' priorities: batch-class keys (priority 0 or below) go to the throughput pool
+    # only (or wait), the admission queue serves higher priorities first and tenants of one
+    # fairly, and engines with `priority_scheduling` get vLLM's `priority` field. Off: every
+    # request is equal (FIFO), as without tenants.
+    priorities: bool = True
     log_level: LogLevel = "info"
     log_json: bool = False
     request_timeout_s: float = Field(default=600, gt=0)

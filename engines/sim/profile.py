@@ -122,6 +122,9 @@ class Profile(BaseModel):
     # Automatic prefix caching (vLLM V1's default): a prompt's leading blocks already in the KV
     # pool are not prefilled again; the cache lives in the free part of num_gpu_blocks.
     enable_prefix_caching: bool = True
+    # vLLM's --scheduling-policy: fcfs, or priority (waiting requests by their `priority`
+    # field, lower first, then arrival; a nonzero priority is refused under fcfs, as vLLM does).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
     @property
     def serial(self) -> bool:

@@ -55,6 +55,7 @@ class Sequence:
     block_hashes: tuple[int, ...] = ()
     cached_tokens: int = 0  # of the prompt, found in the prefix cache at first scheduling
     cache_refs: int = 0  # leading block_hashes this sequence holds a reference on
+    priority: int = 0  # vLLM's `priority`: lower is scheduled first (priority scheduling)
 
     @property
     def remaining(self) -> int:
@@ -108,6 +109,12 @@ class Scheduler:
 
     # -- queue management ------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        if self.profile.scheduling_policy == "priority" and self.waiting:
+            # Ahead of every waiting sequence of a higher priority value; after its equals.
+            for i, other in enumerate(self.waiting):
+                if other.priority > seq.priority:
+                    self.waiting.insert(i, seq)
+                    return
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> bool:

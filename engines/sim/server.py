@@ -71,6 +71,7 @@ class Job:
     acceptance: tuple[float, ...] | None = None  # from x-sim-acceptance; None: the engine's
     block_hashes: tuple[int, ...] = ()  # the prompt's, for prefix caching
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied, once scheduled
+    priority: int = 0  # vLLM's `priority` (priority scheduling)
 
 
 class SpeculativeUpdate(BaseModel):
@@ -153,6 +154,9 @@ class Simulator:
             raise ApiError(400, "min_tokens must be less than or equal to max_tokens", "min_tokens")
         if not self.engine.sched.fits(prompt_tokens):
             raise ApiError(400, "The prompt does not fit the KV cache.", "prompt")
+        if body.priority and self.cfg.profile.scheduling_policy != "priority":
+            raise ApiError(400, "Got priority " f"{body.priority} but Priority scheduling is not "
+                           "enabled.", "priority")  # fmt: skip
         acceptance = self.request_acceptance(request.headers.get("x-sim-acceptance"))
         fault = self.cfg.faults.for_request(request.headers.get("x-sim-fault"), self.rng)
         seed = body.seed or 0
@@ -178,6 +182,7 @@ class Simulator:
             fault=fault,
             received=received,
             acceptance=acceptance,
+            priority=body.priority,
         )
 
     def prefix_hashes(self, prompt: list[str] | list[int]) -> tuple[int, ...]:
@@ -267,7 +272,8 @@ class Simulator:
                 on_start()
             # Its arrival is set by the engine, after the front end's delay.
             seq = Sequence(job.rid, job.prompt_tokens, plan.tokens, job.received,
-                           acceptance=job.acceptance, block_hashes=job.block_hashes)  # fmt: skip
+                           acceptance=job.acceptance, block_hashes=job.block_hashes,
+                           priority=job.priority)  # fmt: skip
             async for n in self.engine.generate(seq, job.received, plan.finish_reason):
                 job.cached_tokens = seq.cached_tokens
                 start, done = done, done + n

@@ -89,6 +89,14 @@ class VllmAdapter:
         return None
 
     def request(self, ex: Exchange, backend: BackendConfig) -> tuple[str, bytes]:
+        if backend.priority_scheduling and ex.priority and "priority" not in ex.data:
+            body = ex.prepared.get("vllm_priority")
+            if not isinstance(body, bytes):
+                data = {**ex.data, "priority": ex.priority}
+                body = ex.prepared["vllm_priority"] = json.dumps(
+                    data, separators=(",", ":")
+                ).encode()
+            return ex.endpoint.path, body
         return ex.endpoint.path, ex.body
 
     def reply(

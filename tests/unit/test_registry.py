@@ -382,3 +382,91 @@ async def test_change_signal_times_out_and_forgets_the_waiter() -> None:
     assert await signal.wait(0.01) is False
     assert signal.waiting == 0
     signal.notify()  # nobody left to wake: a no-op
+
+
+async def _wake_order(arrivals: list[tuple[str, int, str]], wakes: int) -> list[str]:
+    """Waiters (name, rank, tenant) arriving in order; the names `wakes` notify_one calls
+    wake, in order (each woken waiter leaves)."""
+    signal = ChangeSignal()
+    woken: list[str] = []
+
+    async def waiter(name: str, rank: int, tenant: str) -> None:
+        if await signal.wait(5.0, rank=rank, tenant=tenant):
+            woken.append(name)
+
+    tasks = []
+    for name, rank, tenant in arrivals:
+        tasks.append(asyncio.create_task(waiter(name, rank, tenant)))
+        await asyncio.sleep(0)
+    for _ in range(wakes):
+        signal.notify_one()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return woken
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "expected"),
+    [
+        # One tenant, one priority: first come, first served.
+        ([("a1", 1, "a"), ("a2", 1, "a"), ("a3", 1, "a")], ["a1", "a2", "a3"]),
+        # Higher priority first, whenever it came.
+        ([("b1", 0, "b"), ("b2", 0, "b"), ("i1", 2, "i"), ("s1", 1, "s")],
+         ["i1", "s1", "b1", "b2"]),
+        # A flood of one tenant does not keep another of the same priority waiting: turns.
+        ([("f1", 1, "f"), ("f2", 1, "f"), ("f3", 1, "f"), ("f4", 1, "f"), ("g1", 1, "g"),
+          ("g2", 1, "g")], ["f1", "g1", "f2", "g2", "f3", "f4"]),
+        # Fair within a priority, and priorities still first.
+        ([("b1", 0, "b"), ("f1", 1, "f"), ("f2", 1, "f"), ("g1", 1, "g"), ("i1", 2, "i")],
+         ["i1", "f1", "g1", "f2", "b1"]),
+    ],
+)  # fmt: skip
+async def test_the_queue_serves_priorities_first_and_tenants_in_turn(
+    arrivals: list[tuple[str, int, str]], expected: list[str]
+) -> None:
+    assert await _wake_order(arrivals, len(arrivals)) == expected
+
+
+async def test_a_tenant_joining_a_busy_queue_takes_its_share_not_everything() -> None:
+    # f was woken 3 times while the queue stayed busy; g joins level with it: they alternate
+    # from there (f first, it came first), g does not get three turns in a row to catch up.
+    signal = ChangeSignal()
+    woken: list[str] = []
+
+    async def waiter(name: str, tenant: str) -> None:
+        if await signal.wait(5.0, rank=1, tenant=tenant):
+            woken.append(name)
+
+    tasks = [asyncio.create_task(waiter(f"f{i}", "f")) for i in range(6)]
+    await asyncio.sleep(0)
+    for _ in range(3):
+        signal.notify_one()
+    await asyncio.sleep(0)
+    tasks += [asyncio.create_task(waiter(f"g{i}", "g")) for i in range(3)]
+    await asyncio.sleep(0)
+    for _ in range(4):
+        signal.notify_one()
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert woken == ["f0", "f1", "f2", "f3", "g0", "f4", "g1"]
+
+
+async def test_notify_wakes_everyone_in_priority_order() -> None:
+    signal = ChangeSignal()
+    woken: list[str] = []
+
+    async def waiter(name: str, rank: int) -> None:
+        await signal.wait(5.0, rank=rank, tenant=name)
+        woken.append(name)
+
+    tasks = [asyncio.create_task(waiter(n, r)) for n, r in (("b", 0), ("s", 1), ("i", 2))]
+    await asyncio.sleep(0)
+    signal.notify()
+    await asyncio.gather(*tasks)
+    assert woken == ["i", "s", "b"]

@@ -298,3 +298,63 @@ def test_the_relay_passes_bytes_through_and_counts() -> None:
     tail = relay.fail("cut").decode()
     assert tail.endswith("data: [DONE]\n\n")
     assert json.loads(tail.split("\n\n")[0][6:])["error"]["code"] == 502
+
+
+# -- tenants' priorities -----------------------------------------------------------------------
+
+KEYS = {"inter": ("interactive", "sk-i"), "std": ("standard", "sk-s"), "bat": ("batch", "sk-b")}
+
+
+def tenant_settings(**extra: Any) -> Settings:
+    from gateway.tenants import hash_key
+
+    tenants = [{"name": n, "key_sha256": hash_key(k), "priority": p}
+               for n, (p, k) in KEYS.items()]  # fmt: skip
+    return settings(tenants=tenants, **extra)
+
+
+@pytest.mark.parametrize(
+    ("who", "headers", "priorities", "pinned", "priority"),
+    [
+        ("inter", {}, True, None, -1),
+        ("std", {}, True, None, 0),
+        ("bat", {}, True, Role.THROUGHPUT, 1),  # batch: the pool or wait
+        ("bat", {"x-tiergate-tier": "latency"}, True, Role.LATENCY, 1),  # its own pin wins
+        ("bat", {}, False, None, None),  # priorities off: every request equal
+    ],
+)
+async def test_priorities_place_batch_work_on_the_pool(
+    who: str, headers: dict[str, str], priorities: bool, pinned: Role | None, priority: int | None
+) -> None:
+    s = tenant_settings(priorities=priorities)
+    auth = {"authorization": f"Bearer {KEYS[who][1]}", **headers}
+    ex = await read(s, OKAY, headers=auth)
+    assert ex.tenant is not None
+    assert ex.tenant.name == who
+    assert (ex.pinned, ex.priority) == (pinned, priority)
+
+
+async def test_batch_work_is_not_pinned_where_no_pool_serves_the_model() -> None:
+    s = tenant_settings()
+    s = s.model_copy(update={"tiers": s.tiers[:1]})  # the latency tier alone
+    ex = await read(s, OKAY, headers={"authorization": "Bearer sk-b"})
+    assert ex.pinned is None
+
+
+@pytest.mark.parametrize(("scheduling", "priority", "sent"), [
+    (True, 1, 1), (True, -1, -1), (True, 0, None), (True, None, None), (False, 1, None),
+])  # fmt: skip
+def test_vllm_priority_goes_to_engines_with_priority_scheduling(
+    scheduling: bool, priority: int | None, sent: int | None
+) -> None:
+    from gateway.settings import BackendConfig
+    from gateway.wire.vllm import ADAPTER
+
+    backend = BackendConfig(url=T1, models=["m"], priority_scheduling=scheduling)
+    ex = Exchange("id", COMPLETIONS, {}, _no_send, 0.0)
+    ex.data, ex.body, ex.priority = dict(OKAY), json.dumps(OKAY).encode(), priority
+    for _ in range(2):  # every attempt the same
+        path, body = ADAPTER.request(ex, backend)
+        assert path == "/v1/completions"
+        assert json.loads(body).get("priority") == sent
+    assert ex.data == OKAY

@@ -269,3 +269,17 @@ def test_shipped_profiles_load(name: str) -> None:
 def test_unknown_profile_names_the_known_ones() -> None:
     with pytest.raises(FileNotFoundError, match="v3"):
         load_profile("v9")
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("fcfs", ["b1", "b2", "i1", "s1"]), ("priority", ["i1", "s1", "b1", "b2"])],
+)
+def test_priority_scheduling_orders_the_waiting_queue(policy: str, expected: list[str]) -> None:
+    sched = Scheduler(profile(max_num_seqs=1, scheduling_policy=policy))
+    running = Sequence("r", 10, 50, 0.0)
+    sched.add(running)
+    sched.plan(0.0)  # r takes the one slot: the others wait
+    for rid, prio in (("b1", 1), ("b2", 1), ("i1", -1), ("s1", 0)):
+        sched.add(Sequence(rid, 10, 5, 0.0, priority=prio))
+    assert [s.rid for s in sched.waiting] == expected
