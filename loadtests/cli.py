@@ -411,6 +411,32 @@ def _affinity_arms(names: list[str] | None) -> list[str] | None:
     return _known(names, ARMS)
 
 
+@bench.command("tenants")
+def bench_tenants(
+    interactive_users: Annotated[
+        int, typer.Option(min=1, help="Interactive users (closed loops, with a think time).")
+    ] = 3,
+    batch_users: Annotated[int, typer.Option(min=1, help="Batch users (closed loops).")] = 32,
+    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per arm per round.")] = 20,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/tenants.json"),
+) -> None:
+    """Two tenants on one deployment (a v4 latency tier, two v3 in the pool, priority
+    scheduling on the engines): an interactive tenant at a steady low load beside a batch
+    tenant flooding, with the gateway's priorities on and off, against the interactive tenant
+    alone. Reports the interactive tenant's TTFT and TPOT p50/p99 and the batch tenant's
+    throughput per arm, ratios against solo, and the goal: p99s within 1.2x of solo with
+    priorities on."""
+    from loadtests.tenantsbench import Options, run
+
+    _logging("warning")
+    run(Options(interactive_users=interactive_users, batch_users=batch_users, seconds=seconds,
+                rounds=rounds, speedup=speedup, out=out))  # fmt: skip
+
+
 @bench.command("affinity")
 def bench_affinity(
     sims: Annotated[int, typer.Option(min=2, help="Throughput simulators (v3) in the pool.")] = 4,
