@@ -10,12 +10,13 @@ Retry-After; with no backend in rotation at all, 503.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange
 from gateway.registry import ChangeSignal
-from gateway.routing import Decision, Reason, RouteRequest
+from gateway.routing import Backend, Decision, Reason, RouteRequest
 from gateway.telemetry import Telemetry
 
 __all__ = ["Admission"]
@@ -35,12 +36,15 @@ class Admission:
         self.decide, self.changed, self.deadline_s = decide, changed, deadline_s
         self.telemetry, self.clock = telemetry, clock
         self.priorities = True  # tenants' priorities and fair shares order the queue
+        self.displace: Callable[[Iterable[Backend], int], Backend | None] | None = None
 
     async def admit(self, ex: Exchange) -> Decision:
         """The decision `ex` goes out with; a GatewayError (429, 503) when it cannot go."""
         req = ex.route_request()
         decision = self.decide(req) if ex.trace is None else ex.trace.route(self.decide, req)
-        if decision.reason == Reason.SATURATED:
+        if decision.reason == Reason.SATURATED or ex.displaced:
+            # A displaced request waits its turn even where it sees room: the room is the one
+            # it just gave up, for a request ahead of it in the queue.
             decision = await self._queue(ex, req, decision)
         ex.decision = decision
         if not decision.candidates:
@@ -59,9 +63,21 @@ class Admission:
         # In line by its tenant's priority, and fairly among tenants (gateway.registry).
         t = ex.tenant if self.priorities else None
         rank, tenant = (t.rank, t.name) if t is not None else (0, "")
+        # An interactive request takes the place of a batch one still waiting for its first
+        # byte on one of its candidates, rather than waiting itself.
+        if self.displace is not None and t is not None:
+            taken = self.displace(decision.candidates, rank)
+            if taken is not None:
+                rest = tuple(b for b in decision.candidates if b is not taken)
+                return replace(decision, candidates=(taken, *rest), reason=Reason.DISPLACED)
         self.telemetry.queued.inc()
         try:
             woken = False
+            if ex.displaced:
+                ex.displaced = False
+                woken = await self.changed.wait(max(0.0, deadline - self.clock()), rank=rank,
+                                                tenant=tenant)  # fmt: skip
+                decision = self.decide(req)
             while decision.reason == Reason.SATURATED:
                 left = deadline - self.clock()
                 if left <= 0:

@@ -176,11 +176,14 @@ async def open_gateway(
         )
         gw.upstream.learner = learner
         gw.admission.priorities = settings.priorities
+        if settings.priorities and settings.tenants:
+            gw.admission.displace = registry.displace
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()
         stack.push_async_callback(gw.upstream.watchdog.aclose)
         stack.push_async_callback(gw.shadow.aclose)
+        await gw.limits.start()
         stack.push_async_callback(gw.limits.aclose)
         state = _store_kind(store)
         log.info("gateway ready", extra={"fields": {

@@ -69,6 +69,7 @@ class Exchange:
     # -- admission
     decision: Decision = NO_DECISION
     # -- upstream: what happened
+    displaced: bool = False  # its last attempt gave its place to a higher priority's request
     attempts: int = 0
     backend: Backend | None = None  # the backend whose answer the client got
     status: int = 0

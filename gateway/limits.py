@@ -10,7 +10,7 @@
 
 With Redis (`redis_url`) the first two are shared by every replica: one Lua script per
 request checks both and takes a slot atomically, on Redis's clock, and another charges tokens.
-When Redis does not answer within 250 ms the gateway counts locally instead (each replica
+When Redis does not answer within 500 ms the gateway counts locally instead (each replica
 then allows the whole limit on its own), logs the change and shows it in
 `tiergate_limits_degraded`; never an error, never no limits.
 
@@ -43,7 +43,9 @@ __all__ = ["Limits", "LocalLimits", "Quota", "RedisLimits", "Verdict", "duration
 log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0
-_REDIS_TIMEOUT_S = 0.25
+# Longest wait for Redis on a request's path before counting locally: Redis answers in about a
+# millisecond; a slow answer is an outage for the request waiting on it.
+_REDIS_TIMEOUT_S = 0.5
 
 
 def duration(seconds: float) -> str:
@@ -241,6 +243,16 @@ class RedisLimits:
         self._ids = itertools.count()
         self._me = f"{os.getpid()}-{secrets.token_hex(4)}"
 
+    async def start(self) -> None:
+        """Connect and load the scripts now, so that the first request does not pay for it
+        (and, on a busy host, run past the timeout); Redis down at start is not an error."""
+        try:
+            async with asyncio.timeout(2.0):
+                await self.client.script_load(_ADMIT)
+                await self.client.script_load(_CHARGE)
+        except Exception as e:
+            self._degrade(e)
+
     async def admit(self, tenant: Tenant) -> Verdict:
         lim = tenant.limits
         if not (lim.requests_per_minute or lim.tokens_per_minute):
@@ -380,6 +392,10 @@ class Limits:
             )
             self.charges.add(task)
             task.add_done_callback(self.charges.discard)
+
+    async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
 
     async def aclose(self) -> None:
         if self.charges:

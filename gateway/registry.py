@@ -14,7 +14,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -28,6 +28,11 @@ from gateway.telemetry import Telemetry
 from gateway.wire import WireAdapter, adapter
 
 __all__ = ["BackendEntry", "ChangeSignal", "Lease", "LiveStatus", "Registry"]
+
+# Priorities (gateway.tenants): a request of at least the first may take the place of one of at
+# most the second that has not had its first byte (interactive over batch).
+DISPLACING_RANK = 2
+DISPLACEABLE_RANK = 0
 
 log = logging.getLogger(__name__)
 
@@ -199,14 +204,18 @@ class ChangeSignal:
 class Lease:
     """One attempt's claim on a backend: counted in flight from `with` to its end."""
 
-    __slots__ = ("cut", "ejected", "entry", "held", "last_io", "on_cut", "registry", "slo",
-                 "task")  # fmt: skip
+    __slots__ = ("cut", "displaced", "ejected", "entry", "held", "last_io", "on_cut", "rank",
+                 "registry", "slo", "task")  # fmt: skip
 
     def __init__(
         self, registry: Registry, entry: BackendEntry, task: asyncio.Task[Any], slo: float
     ) -> None:
         self.registry, self.entry, self.task, self.slo = registry, entry, task, slo
         self.ejected = False  # set when the backend's ejection cancelled this attempt
+        # Its request's priority (gateway.tenants), and whether a request of a higher one took
+        # its place before its first byte (`Registry.displace`).
+        self.rank = 1
+        self.displaced = False
         self.held = False
         # Why the gateway cut this attempt's stream ("ejected", "idle"), and when its engine
         # last sent something (the stream watchdog's clock, set by the relay).
@@ -354,6 +363,29 @@ class Registry:
             if task is None:  # pragma: no cover - the request path always runs in a task
                 raise RuntimeError("a lease must be taken inside a task")
         return Lease(self, entry, task, slo_tpot_s)
+
+    def displace(self, candidates: Iterable[Backend], rank: int) -> Backend | None:
+        """Make room for a request of priority `rank` among `candidates`: cancel the attempt
+        of a batch-class request (priority 0 or below) still waiting there for its first byte,
+        which goes back to admission and waits its turn (upstream: `Displaced`), never lost.
+        Only an interactive-class request (priority 2 or above) displaces. The backend whose
+        place it gets, or None."""
+        if rank < DISPLACING_RANK:
+            return None
+        victim: Lease | None = None
+        for b in candidates:
+            e = self.entries.get(b.url)
+            for lease in e.waiting if e is not None else ():
+                if lease.rank <= DISPLACEABLE_RANK and (victim is None or lease.rank < victim.rank):
+                    victim = lease
+        if victim is None:
+            return None
+        victim.displaced = True
+        victim.entry.waiting.discard(victim)
+        victim.task.cancel()
+        b = victim.entry.backend
+        self.telemetry.child(self.telemetry.displaced, b.role.value, b.url).inc()
+        return b
 
     def healthy_models(self) -> set[str]:
         return {m for e in self.entries.values() if not e.live.ejected for m in e.backend.models}

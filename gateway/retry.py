@@ -23,7 +23,7 @@ from typing import Protocol
 from gateway.routing import Backend
 from gateway.settings import RetryConfig
 
-__all__ = ["Full", "RetryBudget", "RetryExecutor", "RetryHooks", "Retryable"]
+__all__ = ["Displaced", "Full", "RetryBudget", "RetryExecutor", "RetryHooks", "Retryable"]
 
 
 class Retryable(Exception):
@@ -49,6 +49,15 @@ class Full(Retryable):
 
     def __init__(self) -> None:
         super().__init__("full")
+
+
+class Displaced(Full):
+    """The attempt gave its place, before its first byte, to a request of a higher priority
+    (gateway.registry.Registry.displace): the request goes back to admission, where it waits
+    behind that one, instead of trying the next candidate (as full as this one)."""
+
+    def __init__(self) -> None:
+        Retryable.__init__(self, "displaced")
 
 
 class RetryBudget:
@@ -135,6 +144,8 @@ class RetryExecutor:
             try:
                 await attempt(backend)
                 return None
+            except Displaced as e:
+                return e
             except Full as e:
                 if previous is None:
                     last = e

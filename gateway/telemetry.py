@@ -309,6 +309,13 @@ class Telemetry:
             ("tenant", "limit"),
             registry=r,
         )
+        self.displaced = Counter(
+            "tiergate_displaced_total",
+            "Batch requests whose place, before their first byte, went to an interactive one "
+            "(they go back to the admission queue).",
+            ("tier", "backend"),
+            registry=r,
+        )
         self.limits_degraded = Gauge(
             "tiergate_limits_degraded",
             "1 while Redis does not answer and rate limits are counted per gateway process.",

@@ -30,7 +30,7 @@ from gateway.exchange import Exchange
 from gateway.hedge import hedge_after, hedge_backend
 from gateway.http1 import Http1Pool, Http1Response
 from gateway.registry import BackendEntry, Lease, Registry
-from gateway.retry import Full, Retryable, RetryExecutor
+from gateway.retry import Displaced, Full, Retryable, RetryExecutor
 from gateway.routing import Backend, Decision
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
@@ -94,13 +94,15 @@ class Upstream:
 
     async def forward(self, ex: Exchange, decision: Decision) -> bool:
         """Answer `ex` from the first candidate that answers; the last failure otherwise.
-        False, with nothing answered, when every candidate tried was full (`Full`): the
-        request goes back to admission."""
+        False, with nothing answered, when every candidate tried was full (`Full`), or its
+        place went to a request of a higher priority (`Displaced`): the request goes back to
+        admission."""
         # A cut before the first byte (the drain's deadline) is answered by the app, which
         # covers every stage before this one too; after it, the stream is ended here.
         attempt = self._attempt if ex.trace is None else self._traced_attempt
         failed = await self.retry.run(decision.candidates, functools.partial(attempt, ex))
         if isinstance(failed, Full):
+            ex.displaced = isinstance(failed, Displaced)
             return False
         if failed is not None:
             await self._give_up(ex, failed)
@@ -143,6 +145,8 @@ class Upstream:
         wire = entry.adapter
         ex.attempts += 1
         with self.registry.lease(entry, ex.slo.tpot_s, ex.task) as primary:
+            if ex.priority is not None:
+                primary.rank = 1 - ex.priority  # the tenant's priority (gateway.intake)
             ex.joined_at_load = entry.busy  # this attempt included
             lease, resp, first = await self._open(ex, primary, wire.request(ex, entry.config))
             if lease is not primary:  # a hedge answered first: it serves the request
@@ -235,6 +239,9 @@ class Upstream:
             if lease.ejected:
                 lease.task.uncancel()
                 raise Retryable("ejected") from None
+            if lease.displaced:
+                lease.task.uncancel()
+                raise Displaced from None
             raise
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
             if resp is not None:

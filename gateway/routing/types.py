@@ -51,6 +51,7 @@ class Reason(StrEnum):
     HEADROOM = "headroom"  # learned: predicted to meet it nowhere; the most headroom went first
     EXPLORE = "explore"  # learned: a backend the model has not seen lately, to keep learning
     POLICY_ERROR = "policy_error"  # the policy failed (a bug): least-loaded ordered it instead
+    DISPLACED = "displaced"  # saturated, but a batch request waiting there gave it its place
 
 
 @dataclass(frozen=True, slots=True)

@@ -470,3 +470,50 @@ async def test_notify_wakes_everyone_in_priority_order() -> None:
     signal.notify()
     await asyncio.gather(*tasks)
     assert woken == ["i", "s", "b"]
+
+
+# -- displacement (tenants' priorities) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rank", "held", "expected"),
+    [
+        # (url, rank, first byte yet) per lease held; the victim's url or None
+        (2, [(T1, 0, False)], T1),
+        (2, [(T1, 1, False)], None),  # standard work is never displaced
+        (2, [(T1, 0, True)], None),  # answering already: too late to take its place
+        (1, [(T1, 0, False)], None),  # only interactive work displaces
+        (2, [(T1, 0, False), (T2, -3, False)], T2),  # the lowest priority goes first
+        (2, [(LAT, 0, False)], None),  # not among the candidates
+    ],
+)
+async def test_displace_takes_the_place_of_batch_work_before_its_first_byte(
+    rank: int, held: list[tuple[str, int, bool]], expected: str | None
+) -> None:
+    reg = registry()
+    outcome: dict[int, str] = {}
+    release = asyncio.Event()
+
+    async def attempt(i: int, url: str, lease_rank: int, answered: bool) -> None:
+        with reg.lease(reg.entry(url)) as lease:
+            lease.rank = lease_rank
+            if answered:
+                lease.first_byte(0.0, lambda: None)
+            try:
+                await release.wait()
+                outcome[i] = "finished"
+            except asyncio.CancelledError:
+                outcome[i] = "displaced" if lease.displaced else "cancelled"
+                raise
+
+    tasks = [asyncio.create_task(attempt(i, *h)) for i, h in enumerate(held)]
+    await asyncio.sleep(0)
+    candidates = [reg.entry(T1).backend, reg.entry(T2).backend]
+    taken = reg.displace(candidates, rank)
+    assert (taken.url if taken else None) == expected
+    release.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    victims = [held[i][0] for i, o in outcome.items() if o == "displaced"]
+    assert victims == ([expected] if expected else [])
+    assert all(o in ("finished", "displaced") for o in outcome.values())
+    assert reg.store.counts() == {}  # every lease given back
