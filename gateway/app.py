@@ -59,6 +59,7 @@ from gateway.settings import Settings
 from gateway.shadow import Shadow
 from gateway.state import InflightStore, RedisInflightStore, SharedInflightStore, make_store
 from gateway.telemetry import Telemetry
+from gateway.tenants import ANONYMOUS
 from gateway.tracing_env import trace_exporters
 from gateway.upstream import Upstream
 
@@ -252,7 +253,8 @@ class Proxy:
         me = cast(asyncio.Task[Any], ex.task)
         try:
             await gw.intake.read(ex, receive)
-            await gw.limits.admit(ex)
+            if ex.tenant is not ANONYMOUS:  # a named key: its limits, its usage counted
+                await gw.limits.admit(ex)
         except GatewayError as e:
             await gw.reject(ex, e)
             return
