@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,10 +47,16 @@ import aiohttp
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from gateway.routing import PolicyParams
-from loadtests.overhead import finish_markdown, rotation, save
+from loadtests.overhead import (
+    JsonReport,
+    OutputPaths,
+    finish_markdown,
+    print_tables,
+    rotation,
+    save,
+)
 from loadtests.peerenv import PEERS, Installed, PeerProcess, default_venv, ensure, scrub
 from loadtests.procs import GatewayProcess, SimProcess, free_port, wait_http
 from loadtests.stack import MODEL
@@ -79,7 +85,7 @@ _WORDS = (
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(OutputPaths):
     sims: int = 4
     users: int = 16
     turns: int = 6
@@ -97,14 +103,6 @@ class Options:
     out: Path = Path("docs/results/affinity.json")
     chart: bool = True
     command: str | None = None
-
-    @property
-    def markdown_path(self) -> Path:
-        return self.out.with_suffix(".md")
-
-    @property
-    def chart_path(self) -> Path:
-        return self.out.with_suffix(".png")
 
     def bound(self) -> float:
         """The most requests affinity lets a keyed backend hold with every user in flight."""
@@ -436,7 +434,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                 progress.advance(overall)
     report = build_report(opts, command, notes, versions, {a: v for a, v in runs.items() if v})
     print_report(report, console)
-    save(_Saved(report), opts, console, chart, markdown)
+    save(JsonReport(report), opts, console, chart, markdown)
     return report
 
 
@@ -461,20 +459,6 @@ def build_report(opts: Options, command: str, notes: list[str], versions: dict[s
     }
     clean: dict[str, Any] = json_safe(report)
     return clean
-
-
-@dataclass
-class _Saved:
-    """What overhead.save writes: the report as JSON, with its notes."""
-
-    data: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.notes = self.data["notes"]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.data
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -516,25 +500,14 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
-    styles = {"MET": "bold green", "NOT MET": "bold red"}
-    for title, head, rows in tables(report):
-        if title.startswith("Each round"):
-            continue  # in the markdown only
-        table = Table(title=title)
-        for h in head:
-            table.add_column(h, justify="left" if h in ("arm", "goal", "measured") else "right")
-        for row in rows:
-            table.add_row(*row, style=styles.get(row[-1]) if title == "Goals" else None)
-        console.print(table)
-    for v in report["verdicts"]:
-        console.print(f"[{styles[v['result']]}]{v['result']}[/]: {v['goal']} ({v['measured']})")
+    print_tables(tables(report), console, ("arm", "goal", "measured", "figure"))
     console.print(f"affinity bound at full load: {report['settings']['affinity_bound']:g} "
                   "requests per engine")  # fmt: skip
     for note in report["notes"]:
         console.print(f"[yellow]note:[/] {note}")
 
 
-def markdown(saved: _Saved, chart_file: Path | None) -> str:
+def markdown(saved: JsonReport, chart_file: Path | None) -> str:
     report = saved.data
     s = report["settings"]
     versions = ", ".join(f"{k}: {v}" for k, v in report["versions"].items()) or "-"
@@ -569,7 +542,7 @@ def markdown(saved: _Saved, chart_file: Path | None) -> str:
     return finish_markdown(parts, report["notes"], tables(report), chart)
 
 
-def chart(saved: _Saved, path: Path) -> None:
+def chart(saved: JsonReport, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -91,8 +91,22 @@ REPO = Path(__file__).resolve().parents[1]
 Part = Literal["latency", "ttft", "wrk-small", "wrk-sse"]
 
 
+class OutputPaths:
+    """A bench's report files: its JSON (`out`), and its markdown and chart beside it."""
+
+    out: Path
+
+    @property
+    def markdown_path(self) -> Path:
+        return self.out.with_suffix(".md")
+
+    @property
+    def chart_path(self) -> Path:
+        return self.out.with_suffix(".png")
+
+
 @dataclass(frozen=True)
-class Options:
+class Options(OutputPaths):
     duration_s: float = 3.0  # per target per round, for each latency and TTFT cell
     rounds: int = 3
     rate: float = 400.0  # aggregate req/s of the paced load
@@ -109,14 +123,6 @@ class Options:
     chart: bool = True
     command: str | None = None  # as shown in the markdown; default: this process's argv
     baseline: str | None = None  # a git ref whose gateway runs as one more target
-
-    @property
-    def markdown_path(self) -> Path:
-        return self.out.with_suffix(".md")
-
-    @property
-    def chart_path(self) -> Path:
-        return self.out.with_suffix(".png")
 
 
 # --- statistics ---------------------------------------------------------------------------
@@ -1221,6 +1227,40 @@ def markdown_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 Section = tuple[str, list[str], list[list[str]]]  # title, header, rows
+
+
+@dataclass
+class JsonReport:
+    """A report kept as the JSON it is written as (what `save` writes), with its notes."""
+
+    data: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.notes = self.data["notes"]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+
+def print_tables(sections: Sequence[Section], console: Console, left: Sequence[str]) -> None:
+    """Each section as a rich table (columns named in `left` aligned left, the rest right;
+    a "Goals" section's rows coloured by their verdict); sections "Each round..." are left to
+    the markdown. Then the goals' verdicts, one line each."""
+    styles = {"MET": "bold green", "NOT MET": "bold red"}
+    for title, head, rows in sections:
+        if title.startswith("Each round"):
+            continue
+        table = Table(title=title)
+        for h in head:
+            table.add_column(h, justify="left" if h in left else "right")
+        for row in rows:
+            table.add_row(*row, style=styles.get(row[-1]) if title == "Goals" else None)
+        console.print(table)
+    for title, _, rows in sections:
+        if title == "Goals":
+            for goal, measured, word in rows:
+                console.print(f"[{styles.get(word, '')}]{word}[/]: {goal} ({measured})")
 
 
 def finish_markdown(

@@ -61,6 +61,7 @@ from loadtests.overhead import (
     PROFILE,
     SSE_TOKENS,
     Cpu,
+    OutputPaths,
     Raw,
     Samples,
     Stat,
@@ -133,7 +134,7 @@ SPECS = {s.key: s for s in (*FIGURES, *EXTRA)}
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(OutputPaths):
     rounds: int = 3
     duration_s: float = 3.0  # per latency cell per target per round
     rate: float = 400.0  # aggregate req/s of the paced load at 64 connections
@@ -145,14 +146,6 @@ class Options:
     out: Path = Path("docs/results/peers.json")
     chart: bool = True
     command: str | None = None
-
-    @property
-    def markdown_path(self) -> Path:
-        return self.out.with_suffix(".md")
-
-    @property
-    def chart_path(self) -> Path:
-        return self.out.with_suffix(".png")
 
 
 def median(values: Sequence[float]) -> float:

@@ -44,10 +44,16 @@ import aiohttp
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from loadtests.client import Result, prompt_of, stream_completion
-from loadtests.overhead import finish_markdown, rotation, save
+from loadtests.overhead import (
+    JsonReport,
+    OutputPaths,
+    finish_markdown,
+    print_tables,
+    rotation,
+    save,
+)
 from loadtests.procs import GatewayProcess, SimProcess, free_port, wait_http
 from loadtests.stack import MODEL
 from loadtests.summarize import json_safe, percentile
@@ -61,7 +67,7 @@ GOAL = 1.2  # the interactive tenant's p99s with priorities on, within this of i
 
 
 @dataclass
-class Options:
+class Options(OutputPaths):
     interactive_users: int = 3
     batch_users: int = 32
     seconds: float = 20.0  # per arm per round
@@ -79,14 +85,6 @@ class Options:
     out: Path = Path("docs/results/tenants.json")
     chart: bool = True
     command: str | None = None
-
-    @property
-    def markdown_path(self) -> Path:
-        return self.out.with_suffix(".md")
-
-    @property
-    def chart_path(self) -> Path:
-        return self.out.with_suffix(".png")
 
 
 # --- the deployment ---------------------------------------------------------------------------
@@ -336,20 +334,6 @@ def verdicts(arms: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
 # --- the whole bench --------------------------------------------------------------------------
 
 
-@dataclass
-class _Saved:
-    """What overhead.save writes: the report as JSON, with its notes."""
-
-    data: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.notes = self.data["notes"]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.data
-
-
 def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     """Every arm, fresh engines each time, rounds in rotating order; print the tables and write
     JSON, markdown and PNG."""
@@ -388,7 +372,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
         "notes": _notes(arms),
     })  # fmt: skip
     print_report(report, console)
-    save(_Saved(report), opts, console, chart, markdown)
+    save(JsonReport(report), opts, console, chart, markdown)
     return report
 
 
@@ -437,24 +421,12 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
-    styles = {"MET": "bold green", "NOT MET": "bold red"}
-    for title, head, rows in tables(report):
-        if title.startswith("Each round"):
-            continue  # in the markdown only
-        table = Table(title=title)
-        for h in head:
-            table.add_column(
-                h,
-                justify="left" if h in ("arm", "goal", "measured", "tenant", "tiers") else "right",
-            )
-        for row in rows:
-            table.add_row(*row, style=styles.get(row[-1]) if title == "Goals" else None)
-        console.print(table)
+    print_tables(tables(report), console, ("arm", "goal", "measured", "tenant", "tiers"))
     for note in report["notes"]:
         console.print(f"[yellow]note:[/] {note}")
 
 
-def markdown(saved: _Saved, chart_file: Path | None) -> str:
+def markdown(saved: JsonReport, chart_file: Path | None) -> str:
     report = saved.data
     s = report["settings"]
     parts = [
@@ -485,7 +457,7 @@ def markdown(saved: _Saved, chart_file: Path | None) -> str:
     return finish_markdown(parts, report["notes"], tables(report), chart)
 
 
-def chart(saved: _Saved, path: Path) -> None:
+def chart(saved: JsonReport, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
