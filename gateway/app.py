@@ -163,6 +163,7 @@ async def open_gateway(
             tracing=tracing,
         )
         gw.upstream.learner = learner
+        stack.push_async_callback(gw.upstream.aclose)
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()

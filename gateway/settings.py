@@ -92,6 +92,10 @@ class BackendConfig(_Model):
     # Triton only: the model repository's name for a model clients ask for (Triton names cannot
     # contain "/"); a model not listed is asked for under its own name.
     triton_models: dict[NonEmptyStr, NonEmptyStr] = {}
+    # Triton only: host:port of Triton's gRPC endpoint (8001 by default). Set, requests go
+    # through its stream (ModelStreamInfer) instead of the generate API; `url` still names the
+    # backend, and health and metadata are read over gRPC too.
+    triton_grpc: str | None = None
 
     @field_validator("url", "metrics_url")
     @classmethod
@@ -117,6 +121,19 @@ class BackendConfig(_Model):
             raise ValueError("must be a base URL without query or fragment")
         return value.rstrip("/")
 
+    @field_validator("triton_grpc")
+    @classmethod
+    def _check_triton_grpc(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or "/" in value:
+            raise ValueError("must be host:port (Triton's gRPC endpoint, e.g. triton:8001)")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("port must be a number between 1 and 65535")
+        return value
+
     @field_validator("kind")
     @classmethod
     def _check_kind(cls, value: str) -> str:
@@ -128,8 +145,9 @@ class BackendConfig(_Model):
     @model_validator(mode="after")
     def _check_triton_models(self) -> Self:
         if self.kind != "triton":
-            if self.triton_models:
-                raise _FieldError("triton_models", "only applies to backends of kind triton")
+            for name in ("triton_models", "triton_grpc"):
+                if getattr(self, name):
+                    raise _FieldError(name, "only applies to backends of kind triton")
             return self
         unknown = sorted(set(self.triton_models) - set(self.models))
         if unknown:
