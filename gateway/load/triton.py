@@ -69,7 +69,9 @@ class TritonReadiness:
             return type(e).__name__, False
         except InferenceServerException as e:
             if str(e.status()) in _UNREACHABLE:
-                return "unreachable", False
+                # Over HTTP a dead server fails its metrics too, which counts; a gRPC endpoint
+                # is checked here alone, and requests cannot reach it.
+                return "unreachable", self.entry.grpc is not None
             return f"error {e.message()}", True
 
     async def _check(self, client: Any, auth: Mapping[str, str]) -> tuple[str, bool] | None:
