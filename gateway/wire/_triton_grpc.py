@@ -161,6 +161,17 @@ def _raw_elements(datatype: str, raw: bytes) -> list[Any]:
     return list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw))
 
 
+def _raw_value(datatype: str, raw: bytes) -> Any:
+    # The usual outputs first (one string, one count): every stream response decodes them.
+    if datatype == "BYTES":
+        if len(raw) >= 4 and int.from_bytes(raw[:4], "little") == len(raw) - 4:
+            return raw[4:].decode("utf-8", "replace")
+    elif datatype == "UINT32" and len(raw) == 4:
+        return int.from_bytes(raw, "little")
+    values = _raw_elements(datatype, raw)
+    return values[0] if len(values) == 1 else values
+
+
 def decode_outputs(response: Any) -> dict[str, Any]:
     """A ModelInferResponse's outputs by name, one element as a scalar and several as a list,
     as Triton's HTTP generate writes them."""
@@ -168,12 +179,13 @@ def decode_outputs(response: Any) -> dict[str, Any]:
     raw = response.raw_output_contents
     for i, tensor in enumerate(response.outputs):
         if i < len(raw):
-            values = _raw_elements(tensor.datatype, raw[i])
-        else:  # typed contents instead of raw bytes
-            field = _CONTENTS.get(tensor.datatype)
-            values = list(getattr(tensor.contents, field)) if field else []
-            if tensor.datatype == "BYTES":
-                values = [v.decode("utf-8", "replace") for v in values]
+            out[tensor.name] = _raw_value(tensor.datatype, raw[i])
+            continue
+        # Typed contents instead of raw bytes.
+        field = _CONTENTS.get(tensor.datatype)
+        values = list(getattr(tensor.contents, field)) if field else []
+        if tensor.datatype == "BYTES":
+            values = [v.decode("utf-8", "replace") for v in values]
         out[tensor.name] = values[0] if len(values) == 1 else values
     return out
 
