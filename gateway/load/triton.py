@@ -18,7 +18,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
@@ -45,13 +44,14 @@ class TritonReadiness:
         cfg = entry.config
         self.entry, self.timeout_s = entry, timeout_s
         self.models = sorted({cfg.triton_models.get(m, m) for m in cfg.models})
-        self.protocol = "gRPC" if cfg.triton_grpc else "HTTP"
+        self.protocol = "gRPC" if entry.grpc is not None else "HTTP"
         self._client: Any = None
         self._logged: dict[str, str] = {}  # model -> the problem last logged for it
 
     def _make_client(self) -> Any:
-        if self.entry.config.triton_grpc:
-            return grpc_aio.InferenceServerClient(self.entry.config.triton_grpc)
+        if self.entry.grpc is not None:
+            # The requests' channel: its readiness is theirs (the transport closes it).
+            return self.entry.grpc.client()
         parts = urlsplit(self.entry.url)
         return http_aio.InferenceServerClient(
             parts.netloc + parts.path, ssl=parts.scheme == "https", conn_timeout=self.timeout_s
@@ -102,7 +102,7 @@ class TritonReadiness:
     @property
     def _as_json(self) -> dict[str, bool]:
         # The gRPC client returns a protobuf unless asked for JSON; the HTTP one has no such flag.
-        return {"as_json": True} if self.entry.config.triton_grpc else {}
+        return {"as_json": True} if self.entry.grpc is not None else {}
 
     def _report(self, model: str, problem: str) -> None:
         """Log a model's problem once (and once more when it is gone)."""
@@ -120,4 +120,5 @@ class TritonReadiness:
     async def aclose(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            await client.close()
+            if self.entry.grpc is None:
+                await client.close()
