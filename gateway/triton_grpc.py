@@ -30,6 +30,7 @@ from tritonclient.grpc import InferInput
 from gateway.wire._triton_grpc import (
     GrpcRequest,
     error_body,
+    grpc_metadata,
     grpc_request,
     response_body,
     status_of_code,
@@ -43,8 +44,6 @@ _JSON: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict({"Content-Type": "ap
 _SSE: CIMultiDictProxy[str] = CIMultiDictProxy(
     CIMultiDict({"Content-Type": "text/event-stream; charset=utf-8"})
 )
-# HTTP headers that are no gRPC metadata (or would break it).
-_SKIP = frozenset({"content-type", "content-length", "host", "connection", "te"})
 
 
 def _input(name: str, datatype: str, value: str | bool) -> InferInput:
@@ -193,8 +192,7 @@ class TritonGrpc:
             yield request
             await end.wait()
 
-        metadata = {k.lower(): v for k, v in headers.items() if k.lower() not in _SKIP}
-        call = self.client().stream_infer(requests(), headers=metadata)
+        call = self.client().stream_infer(requests(), headers=grpc_metadata(headers))
         resp = GrpcResponse(call, end, req, self.read_timeout_s)
         try:
             await resp.start()

@@ -28,6 +28,7 @@ __all__ = [
     "GrpcRequest",
     "decode_outputs",
     "error_body",
+    "grpc_metadata",
     "grpc_request",
     "input_problems",
     "response_body",
@@ -89,6 +90,10 @@ _CONTENTS: Mapping[str, str] = MappingProxyType({
     "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
 })  # fmt: skip
 _MODEL_PREFIX = "/v2/models/"
+# HTTP headers that are no gRPC metadata, or that gRPC reserves.
+_NOT_METADATA = frozenset({"content-type", "content-length", "host", "connection", "te",
+                           "transfer-encoding", "keep-alive", "upgrade", "user-agent"})  # fmt: skip
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,24 @@ def grpc_request(
         else:
             place(key, value)
     return GrpcRequest(name, request_id, tuple(tensors), parameters, kind == "generate_stream")
+
+
+def grpc_metadata(headers: Mapping[str, str]) -> dict[str, str]:
+    """The request headers gRPC can carry as metadata (tracing, request ids, credentials): a
+    header it cannot (a reserved or binary key, a character outside ASCII) is left out."""
+    out = {}
+    for key, value in headers.items():
+        k = key.lower()
+        if (
+            k in _NOT_METADATA
+            or k.startswith("grpc-")
+            or k.endswith("-bin")
+            or not _KEY_CHARS.issuperset(k)
+            or not value.isascii()
+        ):
+            continue
+        out[k] = value
+    return out
 
 
 def _bytes_elements(raw: bytes) -> list[str]:

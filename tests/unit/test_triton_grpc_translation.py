@@ -163,6 +163,20 @@ def test_stream_error_statuses(message: str, status: int) -> None:
     assert g.status_of_message(message) == status
 
 
+@pytest.mark.parametrize(
+    ("headers", "metadata"),
+    [
+        ({"content-type": "application/json", "X-Request-Id": "r1", "traceparent": "00-a-b-01",
+          "authorization": "Bearer k"},
+         {"x-request-id": "r1", "traceparent": "00-a-b-01", "authorization": "Bearer k"}),
+        ({"grpc-timeout": "1S", "trace-bin": "x", "a b": "c", "x-name": "caf\u00e9", "te": "x"},
+         {}),
+    ],
+)  # fmt: skip
+def test_grpc_metadata(headers: dict[str, str], metadata: dict[str, str]) -> None:
+    assert g.grpc_metadata(headers) == metadata
+
+
 def test_error_bodies() -> None:
     assert g.error_body("no", False) == b'{"error":"no"}'
     assert g.error_body("no", True) == b'data: {"error":"no"}\n\n'
