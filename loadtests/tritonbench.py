@@ -507,12 +507,18 @@ def run(opts: Options, console: Console | None = None) -> Report:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
+    load_before = os.getloadavg()[0]
     with (
         tempfile.TemporaryDirectory(prefix="tiergate-triton-") as tmp,
         running_targets(Path(tmp), opts) as targets,
         Progress(*columns, console=console) as progress,
     ):
         report = asyncio.run(_measure(targets, opts, progress))
+    # Latency on a shared machine is only as good as its quiet: say how quiet it was.
+    report.notes.append(
+        f"1-minute load average {load_before:.2f} at the start, {os.getloadavg()[0]:.2f} at "
+        f"the end, on {_cores()} cores."
+    )
     errors = sum(s.errors for c in report.cells for s in c.stats.values())
     if errors:
         report.notes.append(f"{errors} requests failed in all (per target in the tables).")
