@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,21 +170,26 @@ def _gateway_config(url: str, kind: str, grpc: str | None = None) -> dict[str, A
     }
 
 
+def _start(stack: contextlib.ExitStack, *procs: SimProcess | GatewayProcess) -> None:
+    """Start `procs` at once (each waits for its own readiness); the stack stops them."""
+    for p in procs:
+        stack.callback(p.stop)
+    with ThreadPoolExecutor(len(procs)) as pool:
+        list(pool.map(lambda p: p.start(), procs))
+
+
 @contextlib.contextmanager
 def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
     with contextlib.ExitStack() as stack:
-        vllm = stack.enter_context(
-            SimProcess(profile=PROFILE, log=workdir / "vllm.log", args=["--model", MODEL])
+        vllm = SimProcess(profile=PROFILE, log=workdir / "vllm.log", args=["--model", MODEL])
+        triton = SimProcess(
+            profile=PROFILE,
+            api="triton",
+            grpc_port=0,
+            log=workdir / "triton.log",
+            args=["--model", TRITON_MODEL],
         )
-        triton = stack.enter_context(
-            SimProcess(
-                profile=PROFILE,
-                api="triton",
-                grpc_port=0,
-                log=workdir / "triton.log",
-                args=["--model", TRITON_MODEL],
-            )
-        )
+        _start(stack, vllm, triton)
         gateways = {}
         for name, kind, sim, grpc in (
             ("vllm", "vllm", vllm, None),
@@ -192,9 +198,8 @@ def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
         ):
             config = workdir / f"gateway-{name}.yaml"
             config.write_text(yaml.safe_dump(_gateway_config(sim.url, kind, grpc)))
-            gateways[name] = stack.enter_context(
-                GatewayProcess(config=config, log=workdir / f"gateway-{name}.log")
-            )
+            gateways[name] = GatewayProcess(config=config, log=workdir / f"gateway-{name}.log")
+        _start(stack, *gateways.values())
         small, stream = _openai(4, False), _openai(opts.stream_tokens, True)
 
         def openai_target(name: str, base: str, pid: int | None = None) -> Target:
