@@ -174,8 +174,10 @@ def test_triton_backend_settings() -> None:
         ({"triton_grpc": "h:8001"}, "triton_grpc: only applies to backends of kind triton"),
         ({"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "h"}, "host:port"),
         ({"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "h:0"}, "between 1"),
-        ({"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "grpc://h:1"},
-         "host:port"),
+        (
+            {"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "grpc://h:1"},
+            "host:port",
+        ),
         ({"metrics_url": "ftp://h/metrics"}, "metrics_url: must be an http"),
         ({"metrics_url": "http://u:p@h:8002/metrics"}, "metrics_url: must not contain"),
     ],
