@@ -98,6 +98,9 @@ def sim(
             "`priority` field, lower first). Default: the profile's (fcfs)."
         ),
     ] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(help="Triton: also serve Triton's gRPC API here (its 8001).")
+    ] = None,
 ) -> None:
     """Run a simulated vLLM engine: vLLM's OpenAI API and metrics, with a real-time
     continuous-batching scheduler calibrated to the tutorial's tables (no GPU needed)."""
@@ -133,7 +136,8 @@ def sim(
         if len(names) != 1 or "/" in names[0]:
             raise typer.BadParameter("one Triton model name, without '/'", param_hint="--model")
         tcfg = SimConfig(prof, names, None, speedup, seed, faults)
-        triton.run(tcfg, host=host, port=port, metrics_port=metrics_port, log_level=log_level)
+        triton.run(tcfg, host=host, port=port, metrics_port=metrics_port, log_level=log_level,
+                   grpc_port=grpc_port)  # fmt: skip
         return
     cfg = SimConfig(prof, list(model or []), api_key, speedup, seed, faults)
     uvicorn.run(

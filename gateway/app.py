@@ -179,6 +179,7 @@ async def open_gateway(
         gw.admission.priorities = settings.priorities
         if settings.priorities and settings.tenants:
             gw.admission.displace = registry.displace
+        stack.push_async_callback(gw.upstream.aclose)
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.outlier import Mode, OutlierState, Verdict
 from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
@@ -25,7 +25,11 @@ from gateway.routing.curves import Prediction
 from gateway.settings import BackendConfig, Settings
 from gateway.state import InflightStore
 from gateway.telemetry import Telemetry
+from gateway.transport import Transport, UpstreamResponse
 from gateway.wire import WireAdapter, adapter
+
+if TYPE_CHECKING:
+    from gateway.triton_grpc import TritonGrpc
 
 __all__ = ["BackendEntry", "ChangeSignal", "Lease", "LiveStatus", "Registry"]
 
@@ -50,6 +54,16 @@ class LiveStatus:
     ejected: bool = False  # out of rotation: down, or ejected for its requests' outcomes
     eject_reason: str = ""
     ejected_at: float = 0.0
+
+
+class _NoTransport:
+    async def post(
+        self, base: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> UpstreamResponse:
+        raise RuntimeError(f"no transport for {base}: gateway.upstream sets the HTTP pool")
+
+
+_NO_TRANSPORT = _NoTransport()
 
 
 @dataclass(eq=False)
@@ -77,6 +91,10 @@ class BackendEntry:
     # TPOT SLOs of the leases here, with counts (routing's harm check reads the tuple).
     slo_counts: dict[float, int] = field(default_factory=dict)
     slos: tuple[tuple[float, int], ...] = ()
+    # How requests reach it: Triton's gRPC stream (gateway.triton_grpc) where configured, else
+    # the gateway's HTTP pool, which gateway.upstream sets.
+    transport: Transport = _NO_TRANSPORT
+    grpc: TritonGrpc | None = None
 
     @property
     def url(self) -> str:
@@ -291,7 +309,13 @@ class Registry:
             for cfg in tier.backends:
                 b = Backend(cfg.url, tier.name, Role(tier.role), frozenset(cfg.models))
                 gauge = telemetry.inflight.labels(b.role.value, b.url)
-                self.entries[b.url] = BackendEntry(b, cfg, adapter(cfg.kind), gauge)
+                entry = self.entries[b.url] = BackendEntry(b, cfg, adapter(cfg.kind), gauge)
+                if cfg.triton_grpc is not None:
+                    # Imported here: grpc and tritonclient only load where a backend uses them.
+                    from gateway.triton_grpc import TritonGrpc
+
+                    entry.grpc = TritonGrpc(cfg.triton_grpc, settings.request_timeout_s)
+                    entry.transport = entry.grpc
                 if b.role is Role.LATENCY:
                     self.entries[b.url].cap = cap
         # The in-flight counts of the last snapshot routing got: a lease enforces a backend's

@@ -104,6 +104,10 @@ class BackendConfig(_Model):
     # their tenant's priority (interactive -1, standard 0, batch 1: lower runs first). Leave it
     # off otherwise: vLLM refuses a nonzero priority without priority scheduling.
     priority_scheduling: bool = False
+    # Triton only: host:port of Triton's gRPC endpoint (8001 by default). Set, requests go
+    # through its stream (ModelStreamInfer) instead of the generate API; `url` still names the
+    # backend, and health and metadata are read over gRPC too.
+    triton_grpc: str | None = None
 
     @field_validator("url", "metrics_url")
     @classmethod
@@ -129,6 +133,19 @@ class BackendConfig(_Model):
             raise ValueError("must be a base URL without query or fragment")
         return value.rstrip("/")
 
+    @field_validator("triton_grpc")
+    @classmethod
+    def _check_triton_grpc(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or "/" in value:
+            raise ValueError("must be host:port (Triton's gRPC endpoint, e.g. triton:8001)")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("port must be a number between 1 and 65535")
+        return value
+
     @field_validator("kind")
     @classmethod
     def _check_kind(cls, value: str) -> str:
@@ -142,8 +159,9 @@ class BackendConfig(_Model):
         if self.priority_scheduling and self.kind != "vllm":
             raise _FieldError("priority_scheduling", "only applies to backends of kind vllm")
         if self.kind != "triton":
-            if self.triton_models:
-                raise _FieldError("triton_models", "only applies to backends of kind triton")
+            for name in ("triton_models", "triton_grpc"):
+                if getattr(self, name):
+                    raise _FieldError(name, "only applies to backends of kind triton")
             return self
         unknown = sorted(set(self.triton_models) - set(self.models))
         if unknown:

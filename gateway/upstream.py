@@ -28,12 +28,13 @@ from gateway.continuation import SplicedRelay, continued_body, replay, whole_eve
 from gateway.errors import error_json
 from gateway.exchange import Exchange
 from gateway.hedge import hedge_after, hedge_backend
-from gateway.http1 import Http1Pool, Http1Response
+from gateway.http1 import Http1Pool
 from gateway.registry import BackendEntry, Lease, Registry
 from gateway.retry import Displaced, Full, Retryable, RetryExecutor
 from gateway.routing import Backend, Decision
 from gateway.settings import Settings
 from gateway.telemetry import Telemetry
+from gateway.transport import UpstreamResponse
 from gateway.watchdog import StreamWatchdog
 from gateway.wire import StreamRelay
 
@@ -82,6 +83,9 @@ class Upstream:
     ) -> None:
         self.pool, self.registry, self.telemetry, self.clock = (
             pool, registry, telemetry, clock)  # fmt: skip
+        for entry in registry:
+            if entry.grpc is None:
+                entry.transport = pool
         self.retry = RetryExecutor(settings.retry, self)
         self.continuation = settings.continuation
         self.hedge = settings.hedge
@@ -107,6 +111,12 @@ class Upstream:
         if failed is not None:
             await self._give_up(ex, failed)
         return True
+
+    async def aclose(self) -> None:
+        """Close the gRPC clients (the HTTP pool is its owner's to close)."""
+        for entry in self.registry:
+            if entry.grpc is not None:
+                await entry.grpc.aclose()
 
     # -- RetryHooks ------------------------------------------------------------------------
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None:
@@ -192,7 +202,7 @@ class Upstream:
 
     async def _open(
         self, ex: Exchange, lease: Lease, request: tuple[str, bytes], hedge: bool = True
-    ) -> tuple[Lease, Http1Response, bytes]:
+    ) -> tuple[Lease, UpstreamResponse, bytes]:
         """Send `request` (path, body) to the lease's backend and wait for its first body
         bytes (a whole answer when it does not stream); Retryable if that fails. A stream
         slow to start is hedged (gateway.hedge) unless `hedge` is False: the lease, response
@@ -201,13 +211,13 @@ class Upstream:
         if not lease.held:  # a capped backend filled up since the decision (Lease.__enter__)
             raise Full
         wire = entry.adapter
-        resp: Http1Response | None = None
+        resp: UpstreamResponse | None = None
         after = self._hedge_after(ex) if hedge and ex.stream else None
         try:
             path, payload = request
             # A stream's headers come at once from a live engine: one that accepts the
             # connection but answers nothing by the hedge deadline is abandoned.
-            post = self.pool.post(entry.url, path, payload, self._headers(ex, entry))
+            post = entry.transport.post(entry.url, path, payload, self._headers(ex, entry))
             if after is None:  # no hedge: no deadline on the headers beyond the client's own
                 resp = await post
             else:
@@ -259,8 +269,8 @@ class Upstream:
         return lease, resp, first
 
     async def _first_bytes(
-        self, ex: Exchange, lease: Lease, resp: Http1Response, after: float | None
-    ) -> tuple[Lease, Http1Response, bytes]:
+        self, ex: Exchange, lease: Lease, resp: UpstreamResponse, after: float | None
+    ) -> tuple[Lease, UpstreamResponse, bytes]:
         """A stream's first bytes, hedged past `after` seconds (None: never) when another
         candidate can take it."""
         entry, limit = lease.entry, self.first_byte_timeout_s
@@ -287,9 +297,9 @@ class Upstream:
         self,
         ex: Exchange,
         lease: Lease,
-        resp: Http1Response,
+        resp: UpstreamResponse,
         to: tuple[Backend, float],
-    ) -> tuple[Lease, Http1Response, bytes]:
+    ) -> tuple[Lease, UpstreamResponse, bytes]:
         """Race the slow stream against the same request on `to` (a backend, and the seconds
         left): the first bytes to arrive win; the loser is closed and its lease given back.
         The slow backend's wait so far teaches the latency model a TTFT it at least has."""
@@ -323,7 +333,7 @@ class Upstream:
                     self.registry.request_failed(lease.entry, "slow_start")
                     resp.close()
                     lease.__exit__(None, None, None)
-                    won: tuple[Lease, Http1Response, bytes] = fast.result()
+                    won: tuple[Lease, UpstreamResponse, bytes] = fast.result()
                     return won
             error = slow.exception() or fast.exception()
             raise error if error is not None else Retryable("empty_stream")
@@ -338,7 +348,7 @@ class Upstream:
 
     async def _hedge_attempt(
         self, ex: Exchange, backend: Backend
-    ) -> tuple[Lease, Http1Response, bytes]:
+    ) -> tuple[Lease, UpstreamResponse, bytes]:
         """The hedge's own attempt, in a task of its own (so its lease is cancelled alone if
         its backend is ejected); its lease outlives the task when it wins."""
         entry = self.registry.entry(backend.url)
@@ -384,7 +394,7 @@ class Upstream:
     async def _relay(
         self,
         ex: Exchange,
-        resp: Http1Response,
+        resp: UpstreamResponse,
         first: bytes,
         relay: StreamRelay,
         lease: Lease,

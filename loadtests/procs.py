@@ -132,6 +132,7 @@ class SimProcess(ManagedProcess):
     args: Sequence[str] = ()
     api: str = "vllm"
     metrics_port: int | None = None
+    grpc_port: int | None = None  # Triton's gRPC face (0 = a free port)
 
     def __post_init__(self) -> None:
         if self.api == "triton" and self.ready_path == "/health":
@@ -143,6 +144,12 @@ class SimProcess(ManagedProcess):
             return f"http://{self.host}:{self.metrics_port}/metrics"
         return self.url + "/metrics"
 
+    @property
+    def grpc_target(self) -> str:
+        """host:port of the gRPC face."""
+        assert self.grpc_port, "started without a gRPC port"
+        return f"{self.host}:{self.grpc_port}"
+
     def argv(self) -> list[str]:
         extra: list[str] = []
         if "--prefix-caching" not in self.args:
@@ -153,12 +160,16 @@ class SimProcess(ManagedProcess):
             extra += ["--api", self.api]
             if self.metrics_port is not None:
                 extra += ["--metrics-port", str(self.metrics_port)]
+            if self.grpc_port is not None:
+                extra += ["--grpc-port", str(self.grpc_port)]
         return ["sim", "--profile", self.profile, "--port", str(self.port), "--host", self.host,
                 *extra, *self.args]  # fmt: skip
 
     def start(self, timeout: float = 20.0) -> Self:
         if self.api == "triton" and self.metrics_port == 0:
             self.metrics_port = free_port(self.host)
+        if self.api == "triton" and self.grpc_port == 0:
+            self.grpc_port = free_port(self.host)
         super().start(timeout)
         if self.metrics_port:
             try:

@@ -1,17 +1,22 @@
 """`tiergate bench triton`: what translating OpenAI completions to Triton's generate API costs.
 
 Two `instant` simulators run the same engine (no model time), one behind vLLM's OpenAI API and
-one behind Triton's generate API. Four targets:
+one behind Triton's generate API and its gRPC stream. Six targets:
 
 - `vllm`: the vLLM-API simulator called directly;
 - `gateway->vllm`: a gateway in front of it (the pass-through path: bytes relayed as they come);
 - `triton`: the Triton-API simulator called directly with generate requests;
 - `gateway->triton`: a gateway in front of it, clients speaking OpenAI (every request and every
-  stream event translated).
+  stream event translated);
+- `triton-grpc`: the same simulator's gRPC face called directly through tritonclient
+  (ModelStreamInfer, one call per request on one channel);
+- `gateway->triton-grpc`: a gateway sending to that gRPC face (`triton_grpc`), clients speaking
+  OpenAI.
 
 Each gateway's cost is its latency minus its direct target's; the translation's cost is what the
-Triton path adds beyond what the pass-through path adds. Targets run in rotating order round by
-round and samples pool over rounds, so drift on a shared machine spreads over all of them.
+Triton path adds beyond what the pass-through path adds; gRPC vs HTTP is the gateway's latency
+to Triton over gRPC over its latency over HTTP. Targets run in rotating order round by round and
+samples pool over rounds, so drift on a shared machine spreads over all of them.
 
 1. Small non-streamed requests: closed loop at 1 connection, open loop (paced, timed from the
    scheduled start) at more connections.
@@ -31,17 +36,23 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
 
 from loadtests.overhead import (
     JSON_HEADERS,
@@ -59,8 +70,10 @@ from loadtests.summarize import json_safe
 
 MODEL = "tiergate-bench"
 TRITON_MODEL = "bench"
-TARGETS = ("vllm", "gateway->vllm", "triton", "gateway->triton")
-DIRECT = {"gateway->vllm": "vllm", "gateway->triton": "triton"}
+TARGETS = ("vllm", "gateway->vllm", "triton", "gateway->triton", "triton-grpc",
+           "gateway->triton-grpc")  # fmt: skip
+DIRECT = {"gateway->vllm": "vllm", "gateway->triton": "triton",
+          "gateway->triton-grpc": "triton-grpc"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,9 @@ class Cell:
     added: dict[str, Added]  # by gateway target, over its direct target
     translation_p50_ms: float  # added(gateway->triton) - added(gateway->vllm)
     translation_p99_ms: float
+    # The gateway's latency to Triton over gRPC divided by its latency over HTTP.
+    grpc_vs_http_p50: float
+    grpc_vs_http_p99: float
     # CPU the gateway process spent per request answered, by gateway target: steadier than
     # latency on a machine whose cores the client and the simulators share.
     gateway_cpu_ms: dict[str, float]
@@ -116,6 +132,7 @@ class Target:
     small: bytes
     stream: bytes
     pid: int | None = None  # the gateway's process, for CPU accounting
+    grpc: str | None = None  # host:port: a direct gRPC target (url and bodies unused)
 
 
 def _openai(tokens: int, stream: bool) -> bytes:
@@ -141,37 +158,48 @@ def _generate(tokens: int, stream: bool) -> bytes:
     return json.dumps({"text_input": "hello", "parameters": params}).encode()
 
 
-def _gateway_config(url: str, kind: str) -> dict[str, Any]:
+def _gateway_config(url: str, kind: str, grpc: str | None = None) -> dict[str, Any]:
     backend: dict[str, Any] = {"url": url, "models": [MODEL], "kind": kind}
     if kind == "triton":
         backend["triton_models"] = {MODEL: TRITON_MODEL}
+    if grpc is not None:
+        backend["triton_grpc"] = grpc
     return {
         "tiers": [{"name": "pool", "role": "throughput", "backends": [backend]}],
         "log_level": "warning",
     }
 
 
+def _start(stack: contextlib.ExitStack, *procs: SimProcess | GatewayProcess) -> None:
+    """Start `procs` at once (each waits for its own readiness); the stack stops them."""
+    for p in procs:
+        stack.callback(p.stop)
+    with ThreadPoolExecutor(len(procs)) as pool:
+        list(pool.map(lambda p: p.start(), procs))
+
+
 @contextlib.contextmanager
 def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
     with contextlib.ExitStack() as stack:
-        vllm = stack.enter_context(
-            SimProcess(profile=PROFILE, log=workdir / "vllm.log", args=["--model", MODEL])
+        vllm = SimProcess(profile=PROFILE, log=workdir / "vllm.log", args=["--model", MODEL])
+        triton = SimProcess(
+            profile=PROFILE,
+            api="triton",
+            grpc_port=0,
+            log=workdir / "triton.log",
+            args=["--model", TRITON_MODEL],
         )
-        triton = stack.enter_context(
-            SimProcess(
-                profile=PROFILE,
-                api="triton",
-                log=workdir / "triton.log",
-                args=["--model", TRITON_MODEL],
-            )
-        )
+        _start(stack, vllm, triton)
         gateways = {}
-        for kind, sim in (("vllm", vllm), ("triton", triton)):
-            config = workdir / f"gateway-{kind}.yaml"
-            config.write_text(yaml.safe_dump(_gateway_config(sim.url, kind)))
-            gateways[kind] = stack.enter_context(
-                GatewayProcess(config=config, log=workdir / f"gateway-{kind}.log")
-            )
+        for name, kind, sim, grpc in (
+            ("vllm", "vllm", vllm, None),
+            ("triton", "triton", triton, None),
+            ("triton-grpc", "triton", triton, triton.grpc_target),
+        ):
+            config = workdir / f"gateway-{name}.yaml"
+            config.write_text(yaml.safe_dump(_gateway_config(sim.url, kind, grpc)))
+            gateways[name] = GatewayProcess(config=config, log=workdir / f"gateway-{name}.log")
+        _start(stack, *gateways.values())
         small, stream = _openai(4, False), _openai(opts.stream_tokens, True)
 
         def openai_target(name: str, base: str, pid: int | None = None) -> Target:
@@ -190,6 +218,10 @@ def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
                 _generate(opts.stream_tokens, True),
             ),
             openai_target("gateway->triton", gateways["triton"].url, gateways["triton"].pid),
+            Target("triton-grpc", "", "", b"", b"", grpc=triton.grpc_target),
+            openai_target(
+                "gateway->triton-grpc", gateways["triton-grpc"].url, gateways["triton-grpc"].pid
+            ),
         ]
 
 
@@ -223,6 +255,77 @@ async def closed_streams(url: str, payload: bytes, connections: int, duration_s:
     return out
 
 
+def _grpc_request(tokens: int, stream: bool) -> dict[str, Any]:
+    """The direct gRPC target's request: what `_generate` asks for, as tensors."""
+
+    def tensor(name: str, datatype: str, value: Any) -> InferInput:
+        t = InferInput(name, [1], datatype)
+        t.set_data_from_numpy(np.array([value], dtype=np.object_ if datatype == "BYTES" else bool))
+        return t
+
+    return {
+        "model_name": TRITON_MODEL,
+        "inputs": [tensor("text_input", "BYTES", b"hello"), tensor("stream", "BOOL", stream),
+                   tensor("exclude_input_in_output", "BOOL", True),
+                   tensor("return_num_output_tokens", "BOOL", True)],
+        "parameters": {"max_tokens": tokens, "ignore_eos": True},
+    }  # fmt: skip
+
+
+async def _grpc_once(client: Any, request: dict[str, Any]) -> int | None:
+    """One request through ModelStreamInfer, read to its final response: the responses, or
+    None when it failed."""
+    end = asyncio.Event()
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        yield dict(request)
+        await end.wait()
+
+    n = 0
+    try:
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                return None
+            n += 1
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return n
+    except (InferenceServerException, grpc.RpcError):
+        return None
+    finally:
+        end.set()
+    return None
+
+
+async def _grpc_loop(t: Target, kind: str, c: int, opts: Options) -> Samples:
+    """The direct gRPC target under the same loads as the HTTP targets (`closed_small`,
+    `paced_small`, `closed_streams`): `c` users on one channel."""
+    assert t.grpc is not None
+    stream = kind == "stream"
+    request = _grpc_request(opts.stream_tokens if stream else 4, stream)
+    out = Samples()
+    async with grpc_aio.InferenceServerClient(t.grpc) as client:
+        await asyncio.gather(*(_grpc_once(client, request) for _ in range(c)))
+        start = time.perf_counter()
+        ends = [start]
+        paced = kind == "small" and c > 1
+
+        async def user(i: int) -> None:
+            due = start + i / opts.rate if paced else start
+            while due < start + opts.duration_s:
+                if paced and (delay := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(delay)
+                t0 = due if paced else time.perf_counter()
+                ok = await _grpc_once(client, request) is not None
+                end = time.perf_counter()
+                out.add(ok, end - t0)
+                ends.append(end)
+                due = due + c / opts.rate if paced else end
+
+        await asyncio.gather(*(user(i) for i in range(c)))
+        out.wall_s = max(ends) - start
+    return out
+
+
 async def _measure(targets: list[Target], opts: Options, progress: Progress) -> Report:
     by_name = {t.name: t for t in targets}
     cells = [("small", c) for c in opts.latency_connections]
@@ -232,7 +335,11 @@ async def _measure(targets: list[Target], opts: Options, progress: Progress) -> 
     events: dict[str, int] = {}
     async with _session(1) as session:
         for t in targets:
-            n = await _stream_once(session, t.stream_url, t.stream)
+            if t.grpc is not None:
+                async with grpc_aio.InferenceServerClient(t.grpc) as client:
+                    n = await _grpc_once(client, _grpc_request(opts.stream_tokens, True))
+            else:
+                n = await _stream_once(session, t.stream_url, t.stream)
             if n is None:
                 raise RuntimeError(f"{t.name}: a stream from {t.stream_url} failed")
             events[t.name] = n
@@ -245,7 +352,9 @@ async def _measure(targets: list[Target], opts: Options, progress: Progress) -> 
                     task, description=f"round {r + 1}/{opts.rounds}  {kind} c={c:<4} {name}"
                 )
                 cpu0 = cpu_seconds(t.pid) if t.pid else 0.0
-                if kind == "stream":
+                if t.grpc is not None:
+                    s = await _grpc_loop(t, kind, c, opts)
+                elif kind == "stream":
                     s = await closed_streams(t.stream_url, t.stream, c, opts.duration_s)
                 elif c == 1:
                     s = await closed_small(t.url, t.small, c, opts.duration_s)
@@ -273,6 +382,8 @@ async def _measure(targets: list[Target], opts: Options, progress: Progress) -> 
                 added,
                 added["gateway->triton"].p50_ms - added["gateway->vllm"].p50_ms,
                 added["gateway->triton"].p99_ms - added["gateway->vllm"].p99_ms,
+                stats["gateway->triton-grpc"].p50_ms / stats["gateway->triton"].p50_ms,
+                stats["gateway->triton-grpc"].p99_ms / stats["gateway->triton"].p99_ms,
                 {
                     gw: 1000
                     * cpu.get((kind, c, gw), 0.0)
@@ -321,13 +432,17 @@ def markdown(report: Report) -> str:
         "# The Triton translation's cost",
         "",
         f"`{report.command}`, {report.date}, {report.machine}. Two `instant` simulators (the "
-        "same engine behind vLLM's API and behind Triton's generate API), each called directly "
-        "and through its own gateway worker; targets in rotating order over "
+        "same engine behind vLLM's API and behind Triton's generate API and gRPC stream), each "
+        "called directly and through its own gateway worker (one gateway per Triton protocol); "
+        "targets in rotating order over "
         f"{report.settings['rounds']} rounds of {report.settings['duration_s']:g} s per cell. "
         "Client, simulators and gateways share the machine's cores.",
         "",
         "*added* = gateway minus its direct target; *translation* = what the Triton path adds "
-        "beyond the pass-through (vLLM) path. SSE events per stream: "
+        "beyond the pass-through (vLLM) path; *gRPC / HTTP* = the gateway's latency to Triton "
+        "over gRPC divided by its latency over HTTP (clients speak OpenAI to both). The direct "
+        "gRPC target is tritonclient's asyncio client, one call per request on one channel. "
+        "SSE events (gRPC: responses) per stream: "
         + ", ".join(f"{k} {v}" for k, v in report.events.items())
         + ".",
         "",
@@ -352,10 +467,14 @@ def markdown(report: Report) -> str:
             f" Gateway CPU per request: {_ms(c.gateway_cpu_ms['gateway->vllm'])} ms to vLLM,"
             f" {_ms(c.gateway_cpu_ms['gateway->triton'])} ms to Triton"
             + (
-                f" ({_per_event_us(c, tokens):.0f} us more per streamed token)."
+                f" ({_per_event_us(c, tokens):.0f} us more per streamed token)"
                 if c.kind == "stream"
-                else "."
-            ),
+                else ""
+            )
+            + f", {_ms(c.gateway_cpu_ms['gateway->triton-grpc'])} ms to Triton over gRPC.",
+            "",
+            f"gRPC / HTTP (gateway to Triton): {c.grpc_vs_http_p50:.3f}x p50, "
+            f"{c.grpc_vs_http_p99:.3f}x p99.",
             "",
         ]
     lines += [*(f"- {n}" for n in report.notes)]
@@ -365,16 +484,20 @@ def markdown(report: Report) -> str:
 def print_summary(report: Report, console: Console) -> None:
     tokens = int(report.settings["stream_tokens"])
     table = Table(title="gateway's added latency, ms (p50 / p99), and the translation's share")
-    cols = ("cell", "gateway->vllm", "gateway->triton", "translation", "CPU ms/req v | t", "n")
+    cols = ("cell", "gateway->vllm", "gateway->triton", "gateway->triton-grpc", "translation",
+            "gRPC/HTTP p50", "CPU ms/req v | t | g", "n")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "cell" else "right")
     for c in report.cells:
         v, t = c.added["gateway->vllm"], c.added["gateway->triton"]
+        g = c.added["gateway->triton-grpc"]
         table.add_row(
             f"{'small' if c.kind == 'small' else f'{tokens}-tok stream'} c={c.concurrency}",
             f"{_ms(v.p50_ms)} / {_ms(v.p99_ms)}",
             f"{_ms(t.p50_ms)} / {_ms(t.p99_ms)}",
+            f"{_ms(g.p50_ms)} / {_ms(g.p99_ms)}",
             f"{_ms(c.translation_p50_ms)} / {_ms(c.translation_p99_ms)}",
+            f"{c.grpc_vs_http_p50:.3f}x",
             " | ".join(_ms(c.gateway_cpu_ms[gw]) for gw in DIRECT),
             str(min(s.n for s in c.stats.values())),
         )
@@ -389,12 +512,18 @@ def run(opts: Options, console: Console | None = None) -> Report:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
+    load_before = os.getloadavg()[0]
     with (
         tempfile.TemporaryDirectory(prefix="tiergate-triton-") as tmp,
         running_targets(Path(tmp), opts) as targets,
         Progress(*columns, console=console) as progress,
     ):
         report = asyncio.run(_measure(targets, opts, progress))
+    # Latency on a shared machine is only as good as its quiet: say how quiet it was.
+    report.notes.append(
+        f"1-minute load average {load_before:.2f} at the start, {os.getloadavg()[0]:.2f} at "
+        f"the end, on {_cores()} cores."
+    )
     errors = sum(s.errors for c in report.cells for s in c.stats.values())
     if errors:
         report.notes.append(f"{errors} requests failed in all (per target in the tables).")

@@ -16,10 +16,10 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -96,6 +96,13 @@ def _reason(e: ValueError) -> str:
     return str(e)
 
 
+class HasHeaders(Protocol):
+    """What admission reads of a request: its headers (HTTP's, or gRPC's metadata)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
 class Simulator:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -121,7 +128,7 @@ class Simulator:
 
     def admit(
         self,
-        request: Request,
+        request: HasHeaders,
         body: CompletionRequest | ChatCompletionRequest,
         prompt_tokens: int,
         max_tokens: int | None,

@@ -20,7 +20,9 @@ so that a v3 profile can stand in for the tutorial's v5 step (engines/triton/):
   at /metrics, or on a port of their own as Triton does on 8002.
 A request is pending (nv_inference_pending_request_count) from its arrival until the engine
 takes it; fault delays (slow, hang) happen before that, so they show up as pending requests.
-Not modelled: gRPC (8001), /infer, model control, binary tensors, logprob values.
+The gRPC face (Triton's 8001: readiness, metadata, the decoupled ModelStreamInfer) is
+engines.sim.triton_grpc, served with `--grpc-port` by the same process and engine.
+Not modelled: /infer, model control, binary tensors, logprob values.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from engines.front.metrics import EngineMetrics
 from engines.front.schemas import CompletionRequest
 from engines.front.wire import ApiError, collect
 from engines.sim import tokens
-from engines.sim.server import Job, SimConfig, Simulator, merge_faults
+from engines.sim.server import HasHeaders, Job, SimConfig, Simulator, merge_faults
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +378,13 @@ def parse_generate(body: bytes, model: str) -> Generate:
                 place(k, v)
         else:
             place(key, value)
+    return generate_of(tensors, params, request_id, model)
+
+
+def generate_of(
+    tensors: Mapping[str, Any], params: dict[str, Any], request_id: str | None, model: str
+) -> Generate:
+    """The vLLM backend's reading of a request's tensors and parameters (either API's)."""
     if "text_input" not in tensors:
         got = sorted(tensors)
         raise TritonError(
@@ -415,7 +424,7 @@ class TritonFront:
     model: str
     stats: TritonStats
 
-    def job(self, request: Request, gen: Generate) -> tuple[Job, int]:
+    def job(self, request: HasHeaders, gen: Generate) -> tuple[Job, int]:
         """The backend's reading of the request: a Job, or ApiError (the backend's failure)."""
         if gen.prepend and gen.stream:
             raise ApiError(500, "When streaming, `exclude_input_in_output` = False is not allowed.")
@@ -459,9 +468,12 @@ class TritonFront:
         return out
 
 
-def create_apps(cfg: SimConfig, *, separate_metrics: bool = False) -> tuple[Starlette, Starlette]:
+def create_apps(
+    cfg: SimConfig, *, separate_metrics: bool = False, grpc_at: tuple[str, int] | None = None
+) -> tuple[Starlette, Starlette]:
     """The Triton API app and the metrics app. With `separate_metrics` the metrics are only on
-    the second app (serve it on its own port, as Triton's 8002); otherwise also at /metrics."""
+    the second app (serve it on its own port, as Triton's 8002); otherwise also at /metrics.
+    With `grpc_at` (host, port) the app's lifespan also serves the gRPC face there."""
     model = cfg.served_models[0]
     if "/" in model or len(cfg.served_models) != 1:
         raise ValueError(f"a Triton model name is one name without '/', got {cfg.served_models}")
@@ -575,7 +587,16 @@ def create_apps(cfg: SimConfig, *, separate_metrics: bool = False) -> tuple[Star
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with sim.running():
-            yield
+            if grpc_at is None:
+                yield
+                return
+            from engines.sim.triton_grpc import serve_grpc
+
+            server = await serve_grpc(front, *grpc_at)
+            try:
+                yield
+            finally:
+                await server.stop(0.5)
 
     base = "/v2/models/{model}"
     routes = [
@@ -651,11 +672,21 @@ class _Sidecar(uvicorn.Server):
         yield
 
 
-def run(cfg: SimConfig, *, host: str, port: int, metrics_port: int | None, log_level: str) -> None:
-    """Serve the Triton face (and its metrics on `metrics_port`, if given) until stopped."""
+def run(
+    cfg: SimConfig,
+    *,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    log_level: str,
+    grpc_port: int | None = None,
+) -> None:
+    """Serve the Triton face (its metrics on `metrics_port`, its gRPC face on `grpc_port`, if
+    given) until stopped."""
     import uvloop
 
-    app, metrics_app = create_apps(cfg, separate_metrics=metrics_port is not None)
+    grpc_at = None if grpc_port is None else (host, grpc_port)
+    app, metrics_app = create_apps(cfg, separate_metrics=metrics_port is not None, grpc_at=grpc_at)
     common: dict[str, Any] = {"host": host, "log_level": log_level, "access_log": False,
                               "loop": "uvloop", "http": "httptools",
                               "timeout_graceful_shutdown": 1}  # fmt: skip

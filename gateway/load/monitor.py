@@ -8,7 +8,8 @@ non-200, and when it has work but its generated-token counter has not moved for 
 (an engine that still answers /health and /metrics but produces nothing). Backends down are
 probed every `probe_interval_s` and come back after one good probe that shows no stall.
 Backends ejected for their requests' outcomes (gateway.outlier) are still scraped, and come
-back through probation, not a probe: each round moves those whose ejection ran out.
+back through probation, not a probe: each round moves those whose ejection ran out. A Triton
+backend's health is its readiness and its models' through tritonclient (gateway.load.triton).
 
 The I/O (`_fetch`) and the bookkeeping (`observe`, a pure function of the result and the time)
 are apart, so the rules are tested on a virtual clock.
@@ -32,6 +33,7 @@ from gateway.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from gateway.learner import Learner
+    from gateway.load.triton import TritonReadiness
 
 __all__ = ["Monitor", "ScrapeFailed", "merge"]
 
@@ -82,6 +84,13 @@ class Monitor:
         self._watch = {e.url: _Watch() for e in registry}
         self._task: asyncio.Task[None] | None = None
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
+        self._triton: dict[str, TritonReadiness] = {}
+        if any(e.adapter.kind == "triton" for e in registry):
+            # Imported here: tritonclient only loads where a backend is Triton.
+            from gateway.load.triton import TritonReadiness
+
+            self._triton = {e.url: TritonReadiness(e, cfg.scrape_timeout_s)
+                            for e in registry if e.adapter.kind == "triton"}  # fmt: skip
         # Who else learns from each scrape (the latency model), set by whoever builds both.
         self.learner: Learner | None = None
 
@@ -94,6 +103,8 @@ class Monitor:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for ready in self._triton.values():
+            await ready.aclose()
 
     async def _run(self) -> None:
         while True:
@@ -134,7 +145,11 @@ class Monitor:
     ) -> Mapping[str, EngineStats] | ScrapeFailed:
         auth = entry.auth
         try:
-            if health:
+            if health and (triton := self._triton.get(entry.url)) is not None:
+                failed = await triton.check()
+                if failed is not None:
+                    return ScrapeFailed(f"health {failed[0]}", hard=failed[1])
+            elif health:
                 async with self.session.get(
                     entry.health_url, headers=auth, timeout=self._timeout
                 ) as r:

@@ -21,9 +21,10 @@ def test_triton_bench_report_is_complete_and_consistent(tmp_path: Path) -> None:
                    command="tiergate bench triton (smoke)")  # fmt: skip
     report = run(opts, Console(file=io.StringIO(), width=200))
 
-    # Triton sends one event per token and no [DONE]; the gateway's OpenAI stream adds the
-    # usage chunk and [DONE], exactly like vLLM's.
-    assert report.events == {"vllm": 18, "gateway->vllm": 18, "triton": 16, "gateway->triton": 18}
+    # Triton sends one event (gRPC: one response) per token and no [DONE]; the gateway's OpenAI
+    # stream adds the usage chunk and [DONE], exactly like vLLM's, over either protocol.
+    assert report.events == {"vllm": 18, "gateway->vllm": 18, "triton": 16, "gateway->triton": 18,
+                             "triton-grpc": 16, "gateway->triton-grpc": 18}  # fmt: skip
     assert [(c.kind, c.concurrency) for c in report.cells] == [
         ("small", 1), ("small", 64), ("stream", 1), ("stream", 16)]  # fmt: skip
     for cell in report.cells:
@@ -39,8 +40,12 @@ def test_triton_bench_report_is_complete_and_consistent(tmp_path: Path) -> None:
         assert cell.translation_p50_ms == pytest.approx(
             cell.added["gateway->triton"].p50_ms - cell.added["gateway->vllm"].p50_ms
         )
+        assert cell.grpc_vs_http_p50 == pytest.approx(
+            cell.stats["gateway->triton-grpc"].p50_ms / cell.stats["gateway->triton"].p50_ms
+        )
     saved = json.loads(opts.out.read_text())
     assert len(saved["cells"]) == 4
     md = opts.markdown_path.read_text()
     assert md.count("## ") == 4
     assert "Translation:" in md
+    assert md.count("gRPC / HTTP (gateway to Triton):") == 4

@@ -1,6 +1,7 @@
 """The gateway in front of Triton (the simulator's Triton face) over real sockets: the OpenAI
-client through it, chat kept off Triton, a tier mixing Triton and vLLM, failover when a Triton
-instance dies, and load read from Triton's metrics port."""
+client through it, over Triton's HTTP generate API and over its gRPC stream, chat kept off
+Triton, a tier mixing Triton and vLLM, failover when a Triton instance dies, load read from
+Triton's metrics port, readiness and models read through tritonclient."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,16 +29,25 @@ BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens":
                         "ignore_eos": True}  # fmt: skip
 
 
-def backend(sim: SimProcess) -> dict[str, Any]:
+PROTOCOLS = ["http", "grpc"]
+
+
+def backend(sim: SimProcess, protocol: str = "http", model: str = NAME) -> dict[str, Any]:
     if sim.api == "triton":
-        return {"url": sim.url, "kind": "triton", "metrics_url": sim.metrics_url,
-                "models": [MODEL], "triton_models": {MODEL: NAME}}  # fmt: skip
+        out = {"url": sim.url, "kind": "triton", "metrics_url": sim.metrics_url,
+               "models": [MODEL], "triton_models": {MODEL: model}}  # fmt: skip
+        if protocol == "grpc":
+            out["triton_grpc"] = sim.grpc_target
+        return out
     return {"url": sim.url, "models": [MODEL]}
 
 
-def gateway(workdir: Path, name: str, pool: list[SimProcess]) -> GatewayProcess:
+def gateway(
+    workdir: Path, name: str, pool: list[SimProcess], protocol: str = "http", **triton: Any
+) -> GatewayProcess:
+    backends = [backend(s, protocol, **triton) for s in pool]
     cfg = {
-        "tiers": [{"name": "pool", "role": "throughput", "backends": [backend(s) for s in pool]}],
+        "tiers": [{"name": "pool", "role": "throughput", "backends": backends}],
         "log_level": "info",
         "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5},
         # Routing by load alone: these tests watch the load the gateway reads from Triton.
@@ -48,7 +59,8 @@ def gateway(workdir: Path, name: str, pool: list[SimProcess]) -> GatewayProcess:
 
 
 def triton_sim(speedup: int, workdir: Path) -> SimProcess:
-    return SimProcess(profile="v3", api="triton", metrics_port=0, log=workdir / "triton.log",
+    return SimProcess(profile="v3", api="triton", metrics_port=0, grpc_port=0,
+                      log=workdir / "triton.log",
                       args=["--speedup", str(speedup), "--model", NAME])  # fmt: skip
 
 
@@ -58,13 +70,21 @@ class Deployment:
     vllm: SimProcess
     only_triton: GatewayProcess  # one tier: the Triton instance alone
     mixed: GatewayProcess  # one tier: the Triton instance and a vLLM one
+    only_grpc: GatewayProcess  # the Triton instance alone, over gRPC
+    missing: GatewayProcess  # over gRPC, mapped to a model Triton does not have; and vLLM
+
+    def only(self, protocol: str) -> GatewayProcess:
+        return self.only_grpc if protocol == "grpc" else self.only_triton
 
 
 @contextlib.contextmanager
 def running(*procs: ManagedProcess) -> Iterator[None]:
+    """All of `procs` started at once (each waits for its own readiness), all stopped after."""
     with contextlib.ExitStack() as stack:
         for p in procs:
-            stack.enter_context(p)
+            stack.callback(p.stop)
+        with ThreadPoolExecutor(len(procs)) as pool:
+            list(pool.map(lambda p: p.start(), procs))
         yield
 
 
@@ -75,8 +95,10 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     v = SimProcess(profile="v3", args=["--speedup", "10"], log=work / "vllm.log")
     with running(t, v):
         only, mixed = gateway(work, "only", [t]), gateway(work, "mixed", [t, v])
-        with running(only, mixed):
-            yield Deployment(t, v, only, mixed)
+        only_grpc = gateway(work, "grpc", [t], "grpc")
+        missing = gateway(work, "missing", [t, v], "grpc", model="missing")
+        with running(only, mixed, only_grpc, missing):
+            yield Deployment(t, v, only, mixed, only_grpc, missing)
 
 
 def state(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
@@ -100,8 +122,9 @@ def chunks(text: str) -> list[Any]:
 # -- the OpenAI API on Triton -----------------------------------------------------------------
 
 
-def test_openai_client_non_streaming_and_streaming(d: Deployment) -> None:
-    client = openai.OpenAI(base_url=d.only_triton.url + "/v1", api_key="EMPTY", max_retries=0)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_openai_client_non_streaming_and_streaming(d: Deployment, protocol: str) -> None:
+    client = openai.OpenAI(base_url=d.only(protocol).url + "/v1", api_key="EMPTY", max_retries=0)
     raw = client.completions.with_raw_response.create(
         model=MODEL, prompt="hello there", max_tokens=8, extra_body={"ignore_eos": True}
     )
@@ -137,8 +160,9 @@ def test_openai_client_non_streaming_and_streaming(d: Deployment) -> None:
     assert (out.choices[0].text, out.choices[0].finish_reason) == (" the under a", "stop")
 
 
-def test_stream_on_the_wire(d: Deployment) -> None:
-    r = httpx.post(d.only_triton.url + "/v1/completions", json=BODY | {"stream": True})
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_stream_on_the_wire(d: Deployment, protocol: str) -> None:
+    r = httpx.post(d.only(protocol).url + "/v1/completions", json=BODY | {"stream": True})
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     got = chunks(r.text)
@@ -167,6 +191,7 @@ def test_what_triton_cannot_serve_is_a_400_when_only_triton_serves_the_model(
     assert "is Triton" in err["message"]
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize(
     ("body", "headers", "status", "kind", "message"),
     [
@@ -181,9 +206,9 @@ def test_what_triton_cannot_serve_is_a_400_when_only_triton_serves_the_model(
 )  # fmt: skip
 def test_triton_errors_become_openai_errors(
     d: Deployment, body: dict[str, Any], headers: dict[str, str], status: int, kind: str,
-    message: str,
+    message: str, protocol: str,
 ) -> None:  # fmt: skip
-    r = httpx.post(d.only_triton.url + "/v1/completions", json=body, headers=headers)
+    r = httpx.post(d.only(protocol).url + "/v1/completions", json=body, headers=headers)
     assert r.status_code == status
     assert r.headers["content-type"] == "application/json"
     err = r.json()["error"]
@@ -193,8 +218,9 @@ def test_triton_errors_become_openai_errors(
     assert r.headers["x-tiergate-attempts"] == "1"  # a 500 is the engine's answer, not retried
 
 
-def test_error_in_the_middle_of_a_triton_stream(d: Deployment) -> None:
-    r = httpx.post(d.only_triton.url + "/v1/completions",
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_error_in_the_middle_of_a_triton_stream(d: Deployment, protocol: str) -> None:
+    r = httpx.post(d.only(protocol).url + "/v1/completions",
                    json=BODY | {"stream": True, "max_tokens": 40},
                    headers={"x-sim-fault": "error-mid"})  # fmt: skip
     assert r.status_code == 200
@@ -272,27 +298,44 @@ def test_gateway_reads_triton_load_from_its_metrics_port(d: Deployment) -> None:
     assert depth in metrics
 
 
-def test_health_is_probed_at_v2_health_ready(d: Deployment) -> None:
+def test_readiness_is_read_through_tritonclient(d: Deployment) -> None:
+    """Over HTTP (/v2/health/ready answers 400) and over gRPC (ServerReady says false)."""
     t = d.triton.url
-    httpx.post(t + "/sim/faults", json={"unhealthy": True})  # /v2/health/ready answers 400
+    httpx.post(t + "/sim/faults", json={"unhealthy": True})
     try:
-        assert wait_until(lambda: not state(d.mixed)[t]["healthy"])
-        assert state(d.mixed)[t]["ejected_reason"] == "scrape_health 400"
+        for gw in (d.mixed, d.only_grpc):
+            assert wait_until(lambda gw=gw: not state(gw)[t]["healthy"])
+            assert state(gw)[t]["ejected_reason"] == "scrape_health server not ready"
         r = httpx.post(d.mixed.url + "/v1/completions", json=BODY)
         assert r.headers["x-tiergate-backend"] == d.vllm.url
     finally:
         httpx.post(t + "/sim/faults", json={"unhealthy": False})
-    assert wait_until(lambda: state(d.mixed)[t]["healthy"])
+    assert wait_until(lambda: state(d.mixed)[t]["healthy"] and state(d.only_grpc)[t]["healthy"])
+
+
+def test_a_model_triton_does_not_have_is_reported_and_its_backend_ejected(d: Deployment) -> None:
+    t = d.triton.url
+    assert wait_until(lambda: not state(d.missing)[t]["healthy"])
+    assert state(d.missing)[t]["ejected_reason"] == "scrape_health model missing not ready"
+    assert d.missing.log is not None
+    log = d.missing.log.read_text()
+    assert "model 'missing' is not ready" in log
+    assert log.count("model 'missing' is not ready") == 1  # once, not every probe
+    r = httpx.post(d.missing.url + "/v1/completions", json=BODY)
+    assert (r.status_code, r.headers["x-tiergate-backend"]) == (200, d.vllm.url)
 
 
 # -- failures ---------------------------------------------------------------------------------
 
 
-def test_killing_a_triton_backend_loses_no_request_that_had_not_streamed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_killing_a_triton_backend_loses_no_request_that_had_not_streamed(
+    tmp_path: Path, protocol: str
+) -> None:
     t = triton_sim(2, tmp_path)
     v = SimProcess(profile="v3", args=["--speedup", "2"], log=tmp_path / "vllm.log")
     with running(t, v):
-        g = gateway(tmp_path, "gw", [t, v])
+        g = gateway(tmp_path, "gw", [t, v], protocol)
         with running(g):
 
             async def run() -> tuple[list[httpx.Response], list[tuple[bool, str]]]:

@@ -157,6 +157,9 @@ def test_triton_backend_settings() -> None:
     assert b.metrics_url == "http://127.0.0.1:8002/metrics"
     assert b.scrape_url == "http://127.0.0.1:8002/metrics"
     assert b.triton_models == {MODEL: "llama31-8b-awq"}
+    assert b.triton_grpc is None
+    grpc = tiers(kind="triton", triton_models={MODEL: "m"}, triton_grpc=" triton:8001 ")
+    assert load_settings(None, tiers=grpc).tiers[0].backends[0].triton_grpc == "triton:8001"
     plain = load_settings(None, tiers=tiers()).tiers[0].backends[0]
     assert plain.scrape_url == "http://127.0.0.1:8000/metrics"
 
@@ -168,6 +171,13 @@ def test_triton_backend_settings() -> None:
         ({"kind": "triton", "triton_models": {"other": "x"}}, "names models not in models"),
         ({"triton_models": {MODEL: "x"}}, "only applies to backends of kind triton"),
         ({"kind": "triton", "triton_models": {MODEL: "a/b"}}, "cannot contain '/'"),
+        ({"triton_grpc": "h:8001"}, "triton_grpc: only applies to backends of kind triton"),
+        ({"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "h"}, "host:port"),
+        ({"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "h:0"}, "between 1"),
+        (
+            {"kind": "triton", "triton_models": {MODEL: "x"}, "triton_grpc": "grpc://h:1"},
+            "host:port",
+        ),
         ({"metrics_url": "ftp://h/metrics"}, "metrics_url: must be an http"),
         ({"metrics_url": "http://u:p@h:8002/metrics"}, "metrics_url: must not contain"),
     ],
