@@ -50,8 +50,9 @@ def _alive(pid: int) -> bool:
 
 def test_chaos_report_is_complete_and_consistent(tmp_path: Path) -> None:
     before = _children(os.getpid())
-    opts = Options(scenarios=SCENARIOS, seconds=4, users=12, out=tmp_path, logs=tmp_path / "logs",
-                   readmit_wait_s=2, command="tiergate bench chaos (smoke)")  # fmt: skip
+    opts = Options(scenarios=SCENARIOS, seconds=3, users=12, max_tokens=512, out=tmp_path,
+                   logs=tmp_path / "logs", readmit_wait_s=2,
+                   command="tiergate bench chaos (smoke)")  # fmt: skip
     console = Console(file=io.StringIO(), width=200)
     results = run(opts, console)
 
