@@ -136,6 +136,9 @@ class Scenario:
     v4_error_rate: float = 0.3
     # v3-b is killed while it streams (mid-stream errors, `up` 0), then started again.
     outage: tuple[float, float] | None = (0.44, 0.58)
+    # The long streams started on the throughput tier just before the kill: the load ends once
+    # they have, so shorter ones end a short run sooner (each needs only to be mid-way).
+    outage_stream_tokens: int = 1500
     # v3-a starts its answers this late for a while: its slow first tokens are hedged.
     slow: tuple[float, float] = (0.62, 0.72)
     slow_first_token_s: float = 2.0
@@ -330,8 +333,8 @@ async def _streams_on(
     """Start four long streams pinned to the throughput tier and wait (up to 15 s) until one is
     relayed from `victim` (headers arrive with the first bytes), so that killing it breaks a
     stream mid-way."""
-    body = {"model": MODEL, "prompt": prompt_of(sc.prompt_tokens), "max_tokens": 1500,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {"model": MODEL, "prompt": prompt_of(sc.prompt_tokens), "ignore_eos": True,
+            "max_tokens": sc.outage_stream_tokens, "stream": True}  # fmt: skip
     on_victim = asyncio.Event()
 
     async def stream() -> int:

@@ -21,7 +21,7 @@ def test_affinity_raises_the_prefix_cache_hit_rate(tmp_path: Path) -> None:
     # of four (least-loaded, ties broken at random), which holds an older part of it or none;
     # with it, every later turn finds its history where the last turn left it.
     opts = Options(
-        sims=4, users=8, turns=10, seconds=3, rounds=1, speedup=10, system_words=16,
+        sims=4, users=8, turns=10, seconds=2, rounds=1, speedup=10, system_words=16,
         user_words=4, reply_tokens=8, think_s=0.05, arms=(BASE, AFFINITY),
         out=tmp_path / "affinity.json", chart=False, command="tiergate bench affinity (test)",
     )  # fmt: skip

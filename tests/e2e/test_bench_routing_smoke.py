@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 def test_routing_benchmark_report(tmp_path: Path) -> None:
     policies = ("golden-range", "throughput-only")
     report = run(
-        shapes=("step",), policies=policies, phase_s=0.8, speedup=10, output_tokens=32,
+        shapes=("step",), policies=policies, phase_s=0.4, speedup=10, output_tokens=32,
         out_dir=tmp_path, slo=Slo(), console=Console(width=200),
     )  # fmt: skip
     step = report["shapes"]["step"]
@@ -50,12 +50,12 @@ def test_routing_benchmark_report(tmp_path: Path) -> None:
 
 def test_learned_against_the_oracle_on_a_shifting_deployment(tmp_path: Path) -> None:
     report = run(
-        shapes=("burst",), policies=("learned", "golden-range"), phase_s=0.8, speedup=10,
+        shapes=("burst",), policies=("learned", "golden-range"), phase_s=0.4, speedup=10,
         output_tokens=32, out_dir=tmp_path, slo=Slo(1.0, 0.012), console=Console(width=200),
         deployment="shift", oracle_limits=(4, 16), name="routing-shift-interactive",
     )  # fmt: skip
     assert report["deployment"] == {"name": "shift", "latency_profile": "v4", "shift_scale": 0.55,
-                                    "slo_class": ""}
+                                    "slo_class": ""}  # fmt: skip
     burst = report["shapes"]["burst"]
     assert set(burst["policies"]) == {"learned", "golden-range", "limit-4", "limit-16"}
     # a cap of 4 streams keeps the latency tier at 4: more than that went to the pool

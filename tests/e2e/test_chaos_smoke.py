@@ -50,8 +50,9 @@ def _alive(pid: int) -> bool:
 
 def test_chaos_report_is_complete_and_consistent(tmp_path: Path) -> None:
     before = _children(os.getpid())
-    opts = Options(scenarios=SCENARIOS, seconds=4, users=12, out=tmp_path, logs=tmp_path / "logs",
-                   readmit_wait_s=2, command="tiergate bench chaos (smoke)")  # fmt: skip
+    opts = Options(scenarios=SCENARIOS, seconds=3, users=12, max_tokens=512, out=tmp_path,
+                   logs=tmp_path / "logs", readmit_wait_s=2,
+                   command="tiergate bench chaos (smoke)")  # fmt: skip
     console = Console(file=io.StringIO(), width=200)
     results = run(opts, console)
 
@@ -95,12 +96,19 @@ def test_chaos_report_is_complete_and_consistent(tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "gateway-restart" / "gateway-1.log").exists()
 
 
+def _foreground() -> None:
+    """In the child: Ctrl-C's default action, as in a terminal's foreground job. Run from a
+    background job, the tests inherit SIGINT ignored, and so would the bench (Python keeps an
+    ignored SIGINT ignored), which would then run its whole 30 s and leave its processes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     bench = subprocess.Popen(
         [sys.executable, "-m", "tiergate", "bench", "chaos", "--scenario", "healthy",
          "--seconds", "30", "--users", "4", "--out", str(tmp_path), "--logs", str(logs)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_foreground,
     )  # fmt: skip
     try:
         log = logs / "healthy" / "gateway-0.log"

@@ -43,7 +43,7 @@ def records(path: Path) -> list[dict[str, Any]]:
 def test_locustfile_streams_and_records(stack: Stack, tmp_path: Path) -> None:
     jsonl = tmp_path / "run.jsonl"
     out = run_locust(
-        ["-f", "loadtests/locustfile.py", "-u", "4", "-r", "4", "-t", "6s",
+        ["-f", "loadtests/locustfile.py", "-u", "4", "-r", "4", "-t", "2s",
          "-H", stack.gateway.url, *WORKLOAD, "--jsonl", str(jsonl), "--csv", str(tmp_path / "run")],
         timeout=45,
     )  # fmt: skip

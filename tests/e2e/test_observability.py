@@ -10,8 +10,8 @@ One v4 and two v3 simulators behind a gateway, a real Prometheus with the deploy
   since a healthy short run should not make most of them fire;
 each must return at least one series with a finite value. Finally every dashboard is rendered
 to PNG from `query_range`, as `tiergate bench dashboards` does. The demo runs the deployed
-policy (golden-range); the same deployment and load with the `learned` policy must fill the
-learned routing row too, and route by the model's predictions.
+policy (golden-range); the same deployment and a shorter run of the same load with the `learned`
+policy must fill the learned routing row too, and route by the model's predictions.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ pytestmark = [
 
 SPEEDUP = 2.0
 LOAD_SECONDS = 14.0
+# The learned row's panels are gauges and rates over the whole run, and both SLO classes are
+# asked from the first phase on: every phase of the step load, shorter, still fills them.
+LEARNED_LOAD_SECONDS = 8.0
 DASHBOARDS = tuple(load_dashboards())
 PANEL_QUERIES = tuple(
     pytest.param(board.name, panel.title, target.expr, target.legend,
@@ -79,14 +82,14 @@ class Observed:
         return f"{math.ceil(self.at - self.log.start)}s"
 
 
-def _observe(tmp: Path, policy: PolicyName) -> Iterator[Observed]:
+def _observe(tmp: Path, policy: PolicyName, seconds: float) -> Iterator[Observed]:
     stack = start_demo_stack(tmp, SPEEDUP, policy)
     try:
         config = local_config(stack_targets(stack))
         with PrometheusProcess(workdir=tmp / "prometheus", config=config) as prom:
             client = PromClient(prom.url)
             wait_targets_up(client)
-            sc = step_scenario(LOAD_SECONDS, output_tokens=24, sprinkle_s=0.4)
+            sc = step_scenario(seconds, output_tokens=24, sprinkle_s=0.4, outage_stream_tokens=400)
             log = asyncio.run(drive(stack, sc))
             time.sleep(2.5)  # the last scrapes and rule evaluations (1 s each)
             yield Observed(client, log, time.time())
@@ -97,12 +100,13 @@ def _observe(tmp: Path, policy: PolicyName) -> Iterator[Observed]:
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     # The dashboards' demo runs golden-range: its overload phase is built around fixed limits.
-    yield from _observe(tmp_path_factory.mktemp("observability"), "golden-range")
+    yield from _observe(tmp_path_factory.mktemp("observability"), "golden-range", LOAD_SECONDS)
 
 
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
-    yield from _observe(tmp_path_factory.mktemp("observability-learned"), "learned")
+    yield from _observe(tmp_path_factory.mktemp("observability-learned"), "learned",
+                        LEARNED_LOAD_SECONDS)  # fmt: skip
 
 
 def _describe(series: list[Series]) -> str:

@@ -84,7 +84,7 @@ def test_an_engine_failing_half_its_requests_costs_the_clients_nothing(stack: St
     attempts = metric(gw, "tiergate_attempts", "tiergate_attempts_total", backend=bad.url)
     ok = metric(gw, "tiergate_attempts", "tiergate_attempts_total", backend=bad.url, outcome="ok")
     assert 1 <= metric(gw, "tiergate_retries", "tiergate_retries_total", backend=bad.url) <= (
-        attempts - ok)
+        attempts - ok)  # fmt: skip
 
 
 def test_a_stream_whose_first_event_is_an_error_is_retried_elsewhere(stack: Stack) -> None:
@@ -216,12 +216,15 @@ def check_whole(text: str, tokens: int, chat: bool = False) -> None:
         assert sum("role" in c["delta"] for e in events for c in e["choices"]) == 1
 
 
-STREAM = BODY | {"max_tokens": 1500, "stream": True, "stream_options": {"include_usage": True}}
+# ~4 s at 4x: the fault at 1 s (and a frozen engine's 2.5 s idle timeout) comes mid-way.
+STREAM_TOKENS = 1000
+STREAM = BODY | {"max_tokens": STREAM_TOKENS, "stream": True,
+                 "stream_options": {"include_usage": True}}  # fmt: skip
 
 
 @pytest.fixture
 def slow_pool(tmp_path: Path) -> Iterator[Stack]:
-    """Two throughput engines, streams of ~6 s (1500 tokens at 4x)."""
+    """Two throughput engines, streams of ~4 s (STREAM_TOKENS at 4x)."""
     s = start_stack(tmp_path, latency=0, throughput=2, speedup=4, outlier=FAST_OUTLIER)
     yield s
     s.stop()
@@ -232,7 +235,7 @@ def test_the_streams_of_a_crashed_engine_are_continued(slow_pool: Stack) -> None
     results = asyncio.run(_streams(slow_pool, 8, victim.kill, STREAM))
     assert any(b == victim.url for b, _, _ in results)
     for _, _, text in results:
-        check_whole(text, 1500)
+        check_whole(text, STREAM_TOKENS)
     gw = slow_pool.gateway.url
     continued = metric(gw, "tiergate_continuations", "tiergate_continuations_total",
                        outcome="continued")  # fmt: skip
@@ -250,19 +253,19 @@ def test_the_streams_of_a_frozen_engine_are_continued_within_seconds(slow_pool: 
     results = asyncio.run(_streams(slow_pool, 8, freeze, STREAM))
     assert any(b == frozen.url for b, _, _ in results)
     for _, gap, text in results:
-        check_whole(text, 1500)
+        check_whole(text, STREAM_TOKENS)
         assert gap < 3.5  # the idle timeout (2.5 s), a sweep, and the continuation's first token
 
 
 def test_a_chat_stream_is_continued_as_one_assistant_message(slow_pool: Stack) -> None:
     victim = slow_pool.throughput[0]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me"}],
-            "max_tokens": 1500, "ignore_eos": True, "stream": True,
+            "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     results = asyncio.run(_streams(slow_pool, 6, victim.kill, body, "/v1/chat/completions"))
     assert any(b == victim.url for b, _, _ in results)
     for _, _, text in results:
-        check_whole(text, 1500, chat=True)
+        check_whole(text, STREAM_TOKENS, chat=True)
 
 
 def test_a_client_can_opt_out_of_continuation(slow_pool: Stack) -> None:
@@ -275,7 +278,7 @@ def test_a_client_can_opt_out_of_continuation(slow_pool: Stack) -> None:
                 async with c.stream("POST", slow_pool.gateway.url + "/v1/completions", json=STREAM,
                                     headers={"x-tiergate-continue": "off"}) as r:  # fmt: skip
                     return r.headers["x-tiergate-backend"], "".join(
-                        [t async for t in r.aiter_text()])
+                        [t async for t in r.aiter_text()])  # fmt: skip
 
             tasks = [asyncio.create_task(stream()) for _ in range(4)]
             await asyncio.sleep(1.0)

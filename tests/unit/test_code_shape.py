@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 MAX_PARAMS = 5  # besides self/cls: more means a request object or a config object is missing
 
 
-def _functions() -> list[tuple[str, int, str, list[str]]]:
+@functools.cache  # parsed once, not once per parametrized case
+def _functions() -> tuple[tuple[str, int, str, tuple[str, ...]], ...]:
     found = []
     for path in sorted(GATEWAY.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -21,8 +23,9 @@ def _functions() -> list[tuple[str, int, str, list[str]]]:
                 names += [f"*{v.arg}" for v in (a.vararg,) if v]
                 names += [f"**{k.arg}" for k in (a.kwarg,) if k]
                 names = [n for n in names if n not in ("self", "cls")]
-                found.append((str(path.relative_to(GATEWAY.parent)), node.lineno, node.name, names))
-    return found
+                where = str(path.relative_to(GATEWAY.parent))
+                found.append((where, node.lineno, node.name, tuple(names)))
+    return tuple(found)
 
 
 def test_the_walk_sees_the_gateway() -> None:
