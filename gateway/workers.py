@@ -58,7 +58,7 @@ from typing import Any
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from gateway.settings import Settings
+from gateway.settings import LimitsConfig, Settings
 from gateway.state import SharedTable
 
 __all__ = ["RELEASES_MESSAGE", "WorkerSpec", "supervise"]
@@ -164,6 +164,11 @@ class _Supervisor:
             log.info("starting workers", extra={"fields": {
                 "workers": s.workers, "port": self.port,
                 "state": "redis" if s.redis_url else "shared"}})  # fmt: skip
+            if not s.redis_url and any(t.limits != LimitsConfig() for t in s.tenants):
+                # The per-minute limits are shared through Redis only (gateway.limits).
+                log.warning("tenants' limits are counted by each worker on its own without "
+                            "redis_url: a key gets up to N times its limit", extra={"fields": {
+                                "workers": s.workers}})  # fmt: skip
             for slot in range(s.workers):
                 self._start(slot)
             while self.workers:
