@@ -35,6 +35,7 @@ from gateway.settings import (
     load_settings,
     release_problems,
 )
+from gateway.telemetry import Telemetry
 from gateway.workers import RELEASES_MESSAGE
 
 if TYPE_CHECKING:
@@ -54,10 +55,20 @@ _RESTART_SECTIONS = ("tiers", "policy", "retry", "monitor", "outlier", "continua
 class Control:
     """Changes to the gateway's releases while it runs."""
 
-    def __init__(self, settings: Settings, releases: Releases, served: frozenset[str]) -> None:
+    def __init__(
+        self, settings: Settings, releases: Releases, served: frozenset[str], telemetry: Telemetry
+    ) -> None:
         self.settings, self.releases, self.served = settings, releases, served
+        self.telemetry = telemetry
         # Set by a worker of several: hands the release table to the others.
         self.publish: Callable[[bytes], None] | None = None
+        self.declare()
+
+    def declare(self) -> None:
+        """Every variant's series in the metrics, at 0 until its first request."""
+        self.telemetry.declare_variants(
+            (r.model, v.name) for r in self.releases.table.values() for v in r.variants
+        )
 
     def update(self, model: str, change: api.ReleaseUpdate) -> Release:
         shadow: ShadowConfig | Literal["keep"] | None = "keep"
@@ -87,6 +98,7 @@ class Control:
         if problems:
             raise ReleaseError(400, "Config not reloaded: " + "; ".join(problems))
         changed = self.releases.load(fresh.releases)
+        self.declare()
         restart = [s for s in _RESTART_SECTIONS
                    if getattr(fresh, s) != getattr(self.settings, s)]  # fmt: skip
         log.info("config reloaded", extra={"fields": {
@@ -111,6 +123,7 @@ class Control:
                 "error": str(e)}})  # fmt: skip
             return
         self.releases.load(configs)
+        self.declare()
 
     def publish_table(self) -> None:
         """Hand the release table to the other workers (nothing when there are none)."""

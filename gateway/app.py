@@ -170,7 +170,7 @@ async def open_gateway(
             ),
             upstream=upstream,
             drain=drain or Drain(),
-            control=Control(settings, releases, frozenset(registry.models)),
+            control=Control(settings, releases, frozenset(registry.models), telemetry),
             shadow=Shadow(router.decide, upstream, telemetry),
             limits=Limits(settings.redis_url if settings.tenants else None, telemetry),
             tracing=tracing,

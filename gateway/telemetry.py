@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -418,6 +419,15 @@ class Telemetry:
                 "request_id": ex.id, "model": model, "policy": d.policy, "reason": d.reason,
                 "tier": tier, "backend": b.url if b else None, "status": ex.status,
                 "attempts": ex.attempts, "ms": round(elapsed * 1000, 2)}})  # fmt: skip
+
+    def declare_variants(self, variants: Iterable[tuple[str, str]]) -> None:
+        """Gray releases' request series at 0 for every (release, variant), mode and outcome:
+        a series born at its first event has no earlier sample, so rate() would miss that
+        event, and an error ratio would have no series to show until the first error."""
+        for release, variant in variants:
+            for mode in ("live", "shadow"):
+                for outcome in ("ok", "client_error", "error"):
+                    self.child(self.release_requests, release, variant, mode, outcome)
 
     def record_variant(self, ex: Exchange, elapsed: float) -> None:
         """A gray release's request (live or shadow), once it is over."""
