@@ -172,13 +172,17 @@ async def open_gateway(
             drain=drain or Drain(),
             control=Control(settings, releases, frozenset(registry.models), telemetry),
             shadow=Shadow(router.decide, upstream, telemetry),
-            limits=Limits(settings.redis_url if settings.tenants else None, telemetry),
+            limits=Limits(
+                settings.redis_url if settings.tenants else None, telemetry, settings.tenants
+            ),
             tracing=tracing,
         )
         gw.upstream.learner = learner
         gw.admission.priorities = settings.priorities
         if settings.priorities and settings.tenants:
             gw.admission.displace = registry.displace
+            for e in registry:  # its series at 0 (see Telemetry.declare_variants)
+                telemetry.child(telemetry.displaced, e.backend.role.value, e.url)
         stack.push_async_callback(gw.upstream.aclose)
         await monitor.start()
         stack.push_async_callback(monitor.aclose)

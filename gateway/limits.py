@@ -29,12 +29,13 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange
+from gateway.settings import TenantConfig
 from gateway.telemetry import Telemetry
 from gateway.tenants import ANONYMOUS, Tenant
 
@@ -350,8 +351,15 @@ class Limits:
     """The tenants' limits on the request path: `admit` after intake, `finish` when the request
     is over, whatever its end. Nothing happens for a tenant without limits."""
 
-    def __init__(self, redis_url: str | None, telemetry: Telemetry) -> None:
+    def __init__(
+        self, redis_url: str | None, telemetry: Telemetry, tenants: Iterable[TenantConfig] = ()
+    ) -> None:
         self.telemetry = telemetry
+        kinds = (("requests", "requests_per_minute"), ("tokens", "tokens_per_minute"),
+                 ("concurrency", "max_concurrent"))  # fmt: skip
+        telemetry.declare_tenants(
+            (t.name, [k for k, field in kinds if getattr(t.limits, field)]) for t in tenants
+        )
         self.local = LocalLimits()
         self.shared = (None if redis_url is None else RedisLimits(
             redis_url, self.local, lambda on: telemetry.limits_degraded.set(int(on))))  # fmt: skip

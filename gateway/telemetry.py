@@ -429,6 +429,12 @@ class Telemetry:
                 for outcome in ("ok", "client_error", "error"):
                     self.child(self.release_requests, release, variant, mode, outcome)
 
+    def declare_tenants(self, limited: Iterable[tuple[str, Iterable[str]]]) -> None:
+        """Each limited tenant's refusal series at 0, by the limits it has (as for variants)."""
+        for tenant, limits in limited:
+            for limit in limits:
+                self.child(self.rate_limited, tenant, limit)
+
     def record_variant(self, ex: Exchange, elapsed: float) -> None:
         """A gray release's request (live or shadow), once it is over."""
         v = ex.variant

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import re
 import tempfile
@@ -73,6 +74,7 @@ def demo_settings(policy: PolicyName = DEFAULT_POLICY) -> dict[str, Any]:
         "outlier": {"base_ejection_s": 1.0, "max_ejection_s": 3.0},
         "log_level": "warning",
         "releases": [demo_release()],
+        "tenants": demo_tenants(),
     }  # fmt: skip
 
 
@@ -82,6 +84,21 @@ def demo_settings(policy: PolicyName = DEFAULT_POLICY) -> dict[str, Any]:
 RELEASE = "chat"
 CANARY = "llama-2-7b-chat-canary"
 DEMO_THROUGHPUT_ARGS = ("--max-num-seqs", "6", "--model", MODEL, "--model", CANARY)
+
+
+# The demo's tenants (keys public, like examples/tenants.yaml): every user's, and one allowed a
+# request a minute, which the sprinkles use (the limits' panels).
+DEMO_KEY = "sk-demo-dashboards"
+CAPPED_KEY = "sk-demo-capped"
+
+
+def demo_tenants() -> list[dict[str, Any]]:
+    def digest(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    return [{"name": "demo-users", "key_sha256": digest(DEMO_KEY), "priority": "interactive"},
+            {"name": "demo-capped", "key_sha256": digest(CAPPED_KEY),
+             "limits": {"requests_per_minute": 1}}]  # fmt: skip
 
 
 def demo_release() -> dict[str, Any]:
@@ -166,7 +183,7 @@ class LoadLog:
     statuses: Counter[str] = field(default_factory=Counter)  # "kind status" -> count
 
 
-SPRINKLES = ("bad_json", "unknown_model", "too_long", "engine_error")
+SPRINKLES = ("bad_json", "unknown_model", "too_long", "engine_error", "capped")
 
 
 async def _send(
@@ -215,7 +232,8 @@ async def drive(stack: Stack, sc: Scenario, tick: Callable[[float], None] | None
     log = LoadLog()
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=120)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+    auth = {"authorization": f"Bearer {DEMO_KEY}"}  # every request: the demo's tenant
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout, headers=auth) as session:
         m0 = time.monotonic()
         log.start = time.time()
         wanted = [0]
@@ -319,6 +337,8 @@ async def _fault_request(session: aiohttp.ClientSession, url: str, kind: str) ->
         return await _send(session, url, {**base, "model": "no-such-model"})
     if kind == "too_long":  # valid for the gateway, refused by the engine (context length)
         return await _send(session, url, {**base, "max_tokens": 100_000})
+    if kind == "capped":  # a key allowed one request a minute: 429 from the second on
+        return await _send(session, url, base, {"authorization": f"Bearer {CAPPED_KEY}"})
     return await _send(session, url, base, {"x-sim-fault": "error"})
 
 
@@ -703,7 +723,8 @@ tiergate bench dashboards --out docs/dashboards --seconds {seconds:g} --speedup 
    (its streams continue on the other engines); v3-a starting its answers
    {sc.slow_first_token_s:g} s late from {pct[5]}% to {pct[6]}% (hedged first tokens); and,
    every {sc.sprinkle_s:g} s, one request with invalid JSON, an unknown model, an
-   over-long `max_tokens` or an engine error.
+   over-long `max_tokens`, an engine error, or the key of a tenant allowed one request a
+   minute (every request carries a key: the demo's tenants).
 5. Every panel target of every dashboard is queried with `query_range` (step {step:g} s,
    `$__rate_interval` = {rate_interval}, template variables at "All") and drawn in the
    dashboard's own 24-column grid with matplotlib: titles, units, legends from `legendFormat`,
