@@ -27,19 +27,15 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import platform
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +51,11 @@ from loadtests.overhead import (
     finish_markdown,
     print_tables,
     rotation,
+    run_header,
     save,
 )
 from loadtests.peerenv import PEERS, Installed, PeerProcess, default_venv, ensure, scrub
-from loadtests.procs import GatewayProcess, SimProcess, free_port, wait_http
+from loadtests.procs import GatewayProcess, SimProcess, start_all
 from loadtests.stack import MODEL
 from loadtests.summarize import json_safe, percentile
 
@@ -249,18 +246,10 @@ def peaks(urls: Sequence[str]) -> list[int]:
 
 def start_sims(stack: contextlib.ExitStack, opts: Options, workdir: Path, tag: str) -> list[str]:
     """`opts.sims` fresh simulators started side by side (each stopped by `stack`)."""
-    sims = []
-    for i in range(opts.sims):
-        sim = SimProcess(profile=PROFILE, port=free_port(), log=workdir / f"{tag}-sim{i}.log",
-                         args=["--speedup", f"{opts.speedup:g}", "--prefix-caching"])  # fmt: skip
-        stack.callback(sim.stop)
-        assert sim.log is not None
-        with open(sim.log, "ab") as out:
-            sim.proc = subprocess.Popen(sim.command(), stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
-        sims.append(sim)
-    for sim in sims:
-        wait_http(sim.url + sim.ready_path, 30, sim.proc)
+    sims = [SimProcess(profile=PROFILE, log=workdir / f"{tag}-sim{i}.log",
+                       args=["--speedup", f"{opts.speedup:g}", "--prefix-caching"])
+            for i in range(opts.sims)]  # fmt: skip
+    start_all(stack, *sims)
     return [s.url for s in sims]
 
 
@@ -441,16 +430,10 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
 def build_report(opts: Options, command: str, notes: list[str], versions: dict[str, str],
                  runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
     arms = summarize(runs)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
-    for key in ("venv", "command", "chart", "install"):
-        settings.pop(key)
-    settings.update(profile=PROFILE, affinity_bound=opts.bound())
-    report: dict[str, Any] = {
-        "command": command,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "nproc": os.cpu_count() or 0,
-        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
-        "settings": settings,
+    report: dict[str, Any] = run_header(command, asdict(opts), ("venv", "command", "chart",
+                                                                 "install"))  # fmt: skip
+    report["settings"].update(profile=PROFILE, affinity_bound=opts.bound())
+    report |= {
         "versions": versions,
         "arms": arms,
         "runs": runs,

@@ -1229,6 +1229,20 @@ def markdown_table(head: list[str], rows: list[list[str]]) -> str:
 Section = tuple[str, list[str], list[list[str]]]  # title, header, rows
 
 
+def run_header(command: str, options: dict[str, Any], drop: Sequence[str]) -> dict[str, Any]:
+    """What opens a report: the command, the date, the machine, and the run's `options` less
+    those in `drop` (paths as text)."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()
+                if k not in drop}  # fmt: skip
+    return {
+        "command": command,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count() or 0,
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "settings": settings,
+    }
+
+
 @dataclass
 class JsonReport:
     """A report kept as the JSON it is written as (what `save` writes), with its notes."""

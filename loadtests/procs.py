@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -208,3 +209,12 @@ def cpu_meter(pid: int) -> Iterator[list[float]]:
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     yield box
     box.append((cpu_seconds(pid) - c0) / (time.perf_counter() - t0))
+
+
+def start_all(stack: contextlib.ExitStack, *procs: ManagedProcess) -> None:
+    """Start `procs` at once, each waiting for its own readiness (and saying why it did not
+    start); `stack` stops them all, whatever happens."""
+    for p in procs:
+        stack.callback(p.stop)
+    with ThreadPoolExecutor(len(procs)) as pool:
+        list(pool.map(lambda p: p.start(), procs))

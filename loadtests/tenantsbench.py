@@ -26,17 +26,13 @@ import contextlib
 import hashlib
 import math
 import multiprocessing
-import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +48,10 @@ from loadtests.overhead import (
     finish_markdown,
     print_tables,
     rotation,
+    run_header,
     save,
 )
-from loadtests.procs import GatewayProcess, SimProcess, free_port, wait_http
+from loadtests.procs import GatewayProcess, SimProcess, start_all
 from loadtests.stack import MODEL
 from loadtests.summarize import json_safe, percentile
 
@@ -117,21 +114,13 @@ def deployment(arm: str, opts: Options, workdir: Path, tag: str) -> Iterator[str
             args = ["--speedup", f"{opts.speedup:g}", "--scheduling-policy", "priority"]
             if profile == "v3":
                 args += ["--max-num-seqs", str(opts.pool_max_seqs)]
-            sim = SimProcess(profile=profile, port=free_port(), log=workdir / f"{tag}-sim{i}.log",
-                             args=args)  # fmt: skip
-            stack.callback(sim.stop)
-            assert sim.log is not None
-            with open(sim.log, "ab") as out:  # all three start at once
-                sim.proc = subprocess.Popen(sim.command(), stdin=subprocess.DEVNULL, stdout=out,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
-            sims.append(sim)
-        for sim in sims:
-            wait_http(sim.url + sim.ready_path, 30, sim.proc)
+            sims.append(SimProcess(profile=profile, log=workdir / f"{tag}-sim{i}.log", args=args))
+        start_all(stack, *sims)  # all three at once
         config = workdir / f"{tag}.yaml"
         doc = gateway_config(sims[0].url, [s.url for s in sims[1:]], arm != OFF)
         config.write_text(yaml.safe_dump(doc))
+        # Entered: started and answering /ready.
         gw = stack.enter_context(GatewayProcess(config=config, log=workdir / f"{tag}.log"))
-        wait_http(gw.url + "/ready", 30, gw.proc)
         yield gw.url
 
 
@@ -358,15 +347,8 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                 progress.remove_task(task)
                 progress.advance(overall)
     arms = summarize(runs)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
-    for key in ("command", "chart"):
-        settings.pop(key)
     report: dict[str, Any] = json_safe({
-        "command": command,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "nproc": os.cpu_count() or 0,
-        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
-        "settings": settings,
+        **run_header(command, asdict(opts), ("command", "chart")),
         "arms": arms,
         "verdicts": verdicts(arms),
         "notes": _notes(arms),

@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,7 +64,7 @@ from loadtests.overhead import (
     paced_small,
     rotation,
 )
-from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds
+from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds, start_all
 from loadtests.summarize import json_safe
 
 MODEL = "tiergate-bench"
@@ -170,14 +169,6 @@ def _gateway_config(url: str, kind: str, grpc: str | None = None) -> dict[str, A
     }
 
 
-def _start(stack: contextlib.ExitStack, *procs: SimProcess | GatewayProcess) -> None:
-    """Start `procs` at once (each waits for its own readiness); the stack stops them."""
-    for p in procs:
-        stack.callback(p.stop)
-    with ThreadPoolExecutor(len(procs)) as pool:
-        list(pool.map(lambda p: p.start(), procs))
-
-
 @contextlib.contextmanager
 def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
     with contextlib.ExitStack() as stack:
@@ -189,7 +180,7 @@ def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
             log=workdir / "triton.log",
             args=["--model", TRITON_MODEL],
         )
-        _start(stack, vllm, triton)
+        start_all(stack, vllm, triton)
         gateways = {}
         for name, kind, sim, grpc in (
             ("vllm", "vllm", vllm, None),
@@ -199,7 +190,7 @@ def running_targets(workdir: Path, opts: Options) -> Iterator[list[Target]]:
             config = workdir / f"gateway-{name}.yaml"
             config.write_text(yaml.safe_dump(_gateway_config(sim.url, kind, grpc)))
             gateways[name] = GatewayProcess(config=config, log=workdir / f"gateway-{name}.log")
-        _start(stack, *gateways.values())
+        start_all(stack, *gateways.values())
         small, stream = _openai(4, False), _openai(opts.stream_tokens, True)
 
         def openai_target(name: str, base: str, pid: int | None = None) -> Target:

@@ -11,7 +11,6 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from loadtests.procs import GatewayProcess, ManagedProcess, SimProcess
+from loadtests.procs import GatewayProcess, ManagedProcess, SimProcess, start_all
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 NAME = "llama31-8b-awq"  # the model's name in Triton's repository
@@ -81,10 +80,7 @@ class Deployment:
 def running(*procs: ManagedProcess) -> Iterator[None]:
     """All of `procs` started at once (each waits for its own readiness), all stopped after."""
     with contextlib.ExitStack() as stack:
-        for p in procs:
-            stack.callback(p.stop)
-        with ThreadPoolExecutor(len(procs)) as pool:
-            list(pool.map(lambda p: p.start(), procs))
+        start_all(stack, *procs)
         yield
 
 
