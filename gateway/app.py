@@ -44,7 +44,7 @@ from gateway import admin, api
 from gateway.admin import Control
 from gateway.admission import Admission
 from gateway.drain import Drain
-from gateway.errors import GatewayError, error_body
+from gateway.errors import GatewayError, error_body, first_problem
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.http1 import Http1Pool
 from gateway.intake import ClientGone, Intake, Receive
@@ -531,13 +531,8 @@ def create_app(
     async def invalid(request: Request, exc: Exception) -> Response:
         # The first problem, named by its field; str(exc) would show the endpoint's source.
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-        if not errors:
-            return JSONResponse(error_body(400, "Invalid request."), status_code=400)
-        loc = [str(p) for p in errors[0].get("loc", ()) if p not in ("body", "query", "path")]
-        param = ".".join(loc) or None
-        message = str(errors[0].get("msg", "invalid"))
-        return JSONResponse(error_body(400, f"{param}: {message}" if param else message, param),
-                            status_code=400)  # fmt: skip
+        message, param = first_problem(errors, ("body", "query", "path"))
+        return JSONResponse(error_body(400, message, param), status_code=400)
 
     async def crashed(request: Request, exc: Exception) -> Response:
         return JSONResponse(error_body(500, "Internal gateway error; see the gateway's log."),

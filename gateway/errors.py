@@ -7,9 +7,10 @@ mid-way) uses it; engines' own errors pass through as they are.
 from __future__ import annotations
 
 import json
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ERROR_TYPES", "GatewayError", "error_body", "error_json", "sse_error"]
+__all__ = ["ERROR_TYPES", "GatewayError", "error_body", "error_json", "first_problem", "sse_error"]
 
 # The `type` OpenAI's clients map to their exception classes.
 ERROR_TYPES: dict[int, str] = {
@@ -71,3 +72,16 @@ class GatewayError(Exception):
 
     def body(self) -> bytes:
         return error_json(self.status, self.message, self.param)
+
+
+def first_problem(
+    errors: Sequence[Mapping[str, Any]], skip: Container[str] = ()
+) -> tuple[str, str | None]:
+    """A failed validation's first problem, for a 400: (message, param), the param being the
+    field's dotted path, less the parts named in `skip` (e.g. FastAPI's "body")."""
+    if not errors:
+        return "Invalid request.", None
+    first = errors[0]
+    param = ".".join(str(p) for p in first.get("loc", ()) if p not in skip) or None
+    message = str(first.get("msg", "invalid"))
+    return (f"{param}: {message}" if param else message), param

@@ -11,7 +11,8 @@ every function of the path.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+import json
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +23,19 @@ if TYPE_CHECKING:
     from gateway.tenants import Tenant
     from gateway.tracing import RequestTrace
 
-__all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send"]
+__all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send", "body_of"]
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 DEFAULT_SLO = Slo()
 # What an exchange holds until routing has decided: no candidates, no policy.
 NO_DECISION = Decision(candidates=(), reason="", policy="", state=RouterState())
+
+
+def body_of(data: Mapping[str, Any]) -> bytes:
+    """A request body the gateway changed (gray releases' model, vLLM's priority, usage asked
+    for), as sent: compact JSON. Unchanged bodies go as the client sent them."""
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +102,11 @@ class Exchange:
     cut_reason: str | None = None
     # Its spans, when tracing is on (gateway.tracing); None: nothing on the path traces.
     trace: RequestTrace | None = None
+
+    def set_field(self, key: str, value: object) -> None:
+        """Change a field of the request as the engines will get it (the body re-encoded)."""
+        self.data[key] = value
+        self.body = body_of(self.data)
 
     async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers; the body follows with `send`."""

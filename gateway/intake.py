@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gateway.api import ChatCompletionRequest, CompletionRequest
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, first_problem
 from gateway.exchange import Endpoint, Exchange, Send
 from gateway.registry import Registry
 from gateway.releases import Release, Releases
@@ -107,10 +107,7 @@ class Intake:
         try:
             parsed = _SCHEMAS[ex.endpoint.chat].model_validate(data)
         except ValidationError as e:
-            err = e.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            message = f"{param}: {err['msg']}" if param else err["msg"]
-            raise GatewayError(400, message, param) from None
+            raise GatewayError(400, *first_problem(e.errors())) from None
         ex.data = data
         ex.stream = bool(getattr(parsed, "stream", False))
         model = getattr(parsed, "model", None)
@@ -170,14 +167,11 @@ class Intake:
     def _release(self, ex: Exchange, release: Release) -> None:
         """Put `ex` on a variant of `release`: sticky by its session or user, if it has one.
         The body names the variant's model, since that is what its backends serve."""
-        user = ex.data.get("user")
-        key = ex.headers.get(b"x-session-id") or (
-            user.encode() if isinstance(user, str) and user else None)  # fmt: skip
-        ex.variant, ex.mirror = self.releases.choose(release, key)
+        who = caller(ex.headers.get(b"x-session-id"), ex.data)
+        ex.variant, ex.mirror = self.releases.choose(release, None if who is None else who[1])
         ex.model = ex.variant.model
         if ex.model != release.model:
-            ex.data["model"] = ex.model
-            ex.body = json.dumps(ex.data, separators=(",", ":")).encode()
+            ex.set_field("model", ex.model)
 
     @staticmethod
     def _pin(value: bytes | None) -> Role | None:
@@ -225,16 +219,25 @@ _PREFIX_CHARS = 1024
 _PREFIX_IDS = 256
 
 
+def caller(session: bytes | None, data: dict[str, Any]) -> tuple[bytes, bytes] | None:
+    """Who sends the request, when it says: ("session", its `x-session-id` header), else
+    ("user", its `user` field); what sticks it to an instance (affinity) or a variant (gray
+    releases)."""
+    if session:
+        return b"session", session
+    user = data.get("user")
+    if isinstance(user, str) and user:
+        return b"user", user.encode()
+    return None
+
+
 def affinity_of(session: bytes | None, data: dict[str, Any], chat: bool) -> int | None:
     """The request's prefix-cache affinity key: its `x-session-id` header, else its `user`
     field, else what its conversation shares with its later turns (a chat's messages up to
     its first user message: the system prompt and the question that opened it) or a prompt's
     beginning. None when the request has nothing to key on."""
-    if session:
-        return affinity_key(b"session:" + session)
-    user = data.get("user")
-    if isinstance(user, str) and user:
-        return affinity_key(b"user:" + user.encode())
+    if (who := caller(session, data)) is not None:
+        return affinity_key(who[0] + b":" + who[1])
     if chat:
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:

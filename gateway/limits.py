@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import math
 import os
@@ -422,9 +421,8 @@ def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]], charged: bool) -> N
     if charged and ex.stream:
         options = ex.data.get("stream_options")
         if not (isinstance(options, dict) and options.get("include_usage")):
-            ex.data["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                                         "include_usage": True}  # fmt: skip
-            ex.body = json.dumps(ex.data, separators=(",", ":")).encode()
+            ex.set_field("stream_options", {**(options if isinstance(options, dict) else {}),
+                                            "include_usage": True})  # fmt: skip
             strip = True
 
     async def watched(message: MutableMapping[str, Any]) -> None:

@@ -20,8 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import ValidationError
+
 from gateway.routing.affinity import affinity_key
-from gateway.settings import ReleaseConfig, ShadowConfig, VariantConfig
+from gateway.settings import ReleaseConfig, ShadowConfig, VariantConfig, validation_problems
 
 __all__ = ["Release", "ReleaseError", "Releases", "Variant", "key_point"]
 
@@ -141,8 +143,8 @@ class Releases:
             data["shadow"] = None if shadow is None else shadow.model_dump()
         try:
             new = ReleaseConfig.model_validate(data)
-        except ValueError as e:
-            raise ReleaseError(400, _first_error(e)) from None
+        except ValidationError as e:
+            raise ReleaseError(400, validation_problems(e)[0]) from None
         return self._put(Release.build(new))
 
     def load(self, configs: Sequence[ReleaseConfig]) -> list[str]:
@@ -160,16 +162,3 @@ class Releases:
             self.table = {**self.table, release.model: release}
             self.version += 1
         return release
-
-
-def _first_error(e: ValueError) -> str:
-    errors = getattr(e, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        cause = (first.get("ctx") or {}).get("error")
-        field = getattr(cause, "field", None)
-        reason = getattr(cause, "reason", None)
-        if field and reason:
-            return f"{field}: {reason}"
-        return str(first["msg"]).removeprefix("Value error, ")
-    return str(e)

@@ -56,6 +56,7 @@ __all__ = [
     "load_settings",
     "read_tenants",
     "release_problems",
+    "validation_problems",
 ]
 
 ENV_PREFIX = "TIERGATE_"
@@ -591,7 +592,8 @@ def _format_loc(loc: Sequence[int | str]) -> str:
     return ".".join(str(part) for part in loc) or "(settings)"
 
 
-def _problems(exc: ValidationError) -> list[str]:
+def validation_problems(exc: ValidationError) -> list[str]:
+    """Each problem of a failed validation as `field.path: reason`."""
     problems = []
     for error in exc.errors(include_url=False, include_input=False):
         loc = list(error["loc"])
@@ -680,7 +682,7 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        raise fail(_problems(exc)) from None
+        raise fail(validation_problems(exc)) from None
     except _YamlLoadError as exc:
         raise fail([f"config: {exc.reason}"]) from None
     except SettingsError as exc:
@@ -719,5 +721,5 @@ def read_tenants(path: Path) -> list[TenantConfig]:
     try:
         return _TENANTS.validate_python(data.get("tenants") or [])
     except ValidationError as exc:
-        problems = [f"tenants_file: {path}: tenants.{p}" for p in _problems(exc)]
+        problems = [f"tenants_file: {path}: tenants.{p}" for p in validation_problems(exc)]
         raise ConfigError("; ".join(problems), problems=problems) from None

@@ -11,13 +11,12 @@ pile up work in the gateway. The client's request never waits for its copy.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from gateway.exchange import Exchange
+from gateway.exchange import Exchange, body_of
 from gateway.routing import Decision, Reason, RouteRequest
 from gateway.telemetry import Telemetry
 from gateway.upstream import Upstream
@@ -56,8 +55,7 @@ class Shadow:
         headers = {k: v for k, v in ex.headers.items() if k not in _DROPPED}
         copy = Exchange(new_id, ex.endpoint, headers, _discard, time.perf_counter())
         copy.data = {**ex.data, "model": variant.model}
-        copy.body = (json.dumps(copy.data, separators=(",", ":")).encode()
-                     if variant.model != ex.model else ex.body)  # fmt: skip
+        copy.body = body_of(copy.data) if variant.model != ex.model else ex.body
         copy.model, copy.stream, copy.slo = variant.model, ex.stream, ex.slo
         copy.exclude, copy.affinity = ex.exclude, ex.affinity
         copy.variant, copy.shadow = variant, True

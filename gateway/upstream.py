@@ -155,8 +155,8 @@ class Upstream:
         wire = entry.adapter
         ex.attempts += 1
         with self.registry.lease(entry, ex.slo.tpot_s, ex.task) as primary:
-            if ex.priority is not None:
-                primary.rank = 1 - ex.priority  # the tenant's priority (gateway.intake)
+            if ex.priority is not None and ex.tenant is not None:  # priorities on
+                primary.rank = ex.tenant.rank
             ex.joined_at_load = entry.busy  # this attempt included
             lease, resp, first = await self._open(ex, primary, wire.request(ex, entry.config))
             if lease is not primary:  # a hedge answered first: it serves the request

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gateway.errors import error_json, sse_error
+from gateway.exchange import body_of
 from gateway.load.parse import EngineStats, parse_vllm_metrics
 from gateway.wire import Incompatible
 
@@ -92,10 +93,7 @@ class VllmAdapter:
         if backend.priority_scheduling and ex.priority and "priority" not in ex.data:
             body = ex.prepared.get("vllm_priority")
             if not isinstance(body, bytes):
-                data = {**ex.data, "priority": ex.priority}
-                body = ex.prepared["vllm_priority"] = json.dumps(
-                    data, separators=(",", ":")
-                ).encode()
+                body = ex.prepared["vllm_priority"] = body_of({**ex.data, "priority": ex.priority})
             return ex.endpoint.path, body
         return ex.endpoint.path, ex.body
 
