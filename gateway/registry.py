@@ -50,6 +50,7 @@ class LiveStatus:
     kv_usage: float = 0.0
     spec_acceptance: float | None = None
     scraped_at: float | None = None  # the last good scrape, on the registry's clock
+    inflight_at_scrape: int = 0  # requests in flight through the gateway then
     down: bool = False  # the load monitor found it dead or stalled
     ejected: bool = False  # out of rotation: down, or ejected for its requests' outcomes
     eject_reason: str = ""
@@ -368,6 +369,7 @@ class Registry:
                 healthy=not st.ejected and not (e.waiting and e.on_probation),
                 stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
                 slos=e.slos,
+                inflight_at_scrape=st.inflight_at_scrape,
             )
             for url, e in self.entries.items()
         }
@@ -413,6 +415,10 @@ class Registry:
 
     def healthy_models(self) -> set[str]:
         return {m for e in self.entries.values() if not e.live.ejected for m in e.backend.models}
+
+    def inflight(self, entry: BackendEntry) -> int:
+        """Requests in flight at `entry` through the gateway (every replica's, as known)."""
+        return self.store.counts().get(entry.url, 0)
 
     def local_inflight(self, entry: BackendEntry) -> int:
         return self.store.local_counts().get(entry.url, 0)

@@ -182,6 +182,7 @@ class Monitor:
             w.next_probe = now + self.cfg.probe_interval_s  # health was checked, and fine
         st.running, st.waiting, st.kv_usage, st.spec_acceptance, progress = merge(result)
         st.scraped_at = now
+        st.inflight_at_scrape = self.registry.inflight(entry)
         w.scrape_failures = 0
         if self.learner is not None:
             self.learner.scraped(entry, result, now)

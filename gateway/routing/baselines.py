@@ -1,5 +1,6 @@
-"""The baselines golden-range is benchmarked against: tier-blind (least-loaded, round-robin) and
-single-tier (latency-only, throughput-only, the other tier only as failover)."""
+"""The baselines the tier-aware policies are benchmarked against: tier-blind (least-loaded,
+round-robin, power-of-two: what vLLM Router and SGLang's gateway do) and single-tier
+(latency-only, throughput-only, the other tier only as failover)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
 from gateway.routing.types import Decision, LoadSnapshot, Reason, Role, RouteRequest, RouterState
 
-__all__ = ["LeastLoaded", "RoundRobin", "TierFirst"]
+__all__ = ["LeastLoaded", "PowerOfTwo", "RoundRobin", "TierFirst"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,25 @@ class LeastLoaded(_TierBlind):
         ordered = by_load(pinned(req, eligible(req, snap)), snap, rng)
         reason = self.saturation.reason(req, ordered, Reason.LEAST_LOADED, snap)
         return Decision(candidates=tuple(ordered), reason=reason, policy=self.name, state=state)
+
+
+@dataclass(frozen=True, slots=True)
+class PowerOfTwo(_TierBlind):
+    """vLLM Router's and SGLang's `power_of_two` as they run in front of vLLM engines (no load
+    endpoint to poll): two distinct candidates drawn at random, whatever their tier, the one with
+    fewer requests in flight through the router first (the first drawn on a tie), then the rest
+    by load."""
+
+    def __call__(
+        self, req: RouteRequest, snap: LoadSnapshot, state: RouterState, rng: random.Random
+    ) -> Decision:
+        pool = pinned(req, eligible(req, snap))
+        if len(pool) >= 2:
+            a, b = rng.sample(pool, 2)
+            first = b if snap.load(b.url).inflight < snap.load(a.url).inflight else a
+            pool = [first, *by_load([x for x in pool if x is not first], snap, rng)]
+        reason = self.saturation.reason(req, pool, Reason.TWO_CHOICES, snap)
+        return Decision(candidates=tuple(pool), reason=reason, policy=self.name, state=state)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ __all__ = [
 ]
 
 PolicyName = Literal[
-    "learned", "golden-range", "least-loaded", "round-robin", "latency-only", "throughput-only"
+    "learned", "golden-range", "least-loaded", "power-of-two", "round-robin", "latency-only",
+    "throughput-only",
 ]
 POLICY_NAMES: Final[tuple[str, ...]] = get_args(PolicyName)
 DEFAULT_POLICY: Final[PolicyName] = "learned"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
-from gateway.routing.baselines import LeastLoaded, RoundRobin, TierFirst
+from gateway.routing.baselines import LeastLoaded, PowerOfTwo, RoundRobin, TierFirst
 from gateway.routing.golden import GoldenRange
 from gateway.routing.learned import Learned
 from gateway.routing.params import (
@@ -52,6 +52,7 @@ POLICIES: Mapping[PolicyName, Builder] = MappingProxyType(
         "learned": Learned.build,
         "golden-range": GoldenRange.build,
         "least-loaded": LeastLoaded.build,
+        "power-of-two": PowerOfTwo.build,
         "round-robin": RoundRobin.build,
         "latency-only": TierFirst.latency_first,
         "throughput-only": TierFirst.throughput_first,

@@ -45,11 +45,13 @@ class Reason(StrEnum):
     NO_BACKEND = "no_backend"
     LEAST_LOADED = "least_loaded"
     ROUND_ROBIN = "round_robin"
+    TWO_CHOICES = "two_choices"  # power-of-two: the less loaded of two drawn at random
     PREFERRED_TIER = "preferred_tier"  # latency-only / throughput-only got their tier
     FALLBACK_TIER = "fallback_tier"  # ... or had to use the other one
     PREDICTED_SLO_MET = "predicted_slo_met"  # learned: predicted to meet the request's SLO there
     HEADROOM = "headroom"  # learned: predicted to meet it nowhere; the most headroom went first
     EXPLORE = "explore"  # learned: a backend the model has not seen lately, to keep learning
+    FRONTIER = "frontier"  # learned: past the most streams observed there (or none yet)
     POLICY_ERROR = "policy_error"  # the policy failed (a bug): least-loaded ordered it instead
     DISPLACED = "displaced"  # saturated, but a batch request waiting there gave it its place
 
@@ -77,15 +79,23 @@ class BackendLoad:
     # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts: the
     # streams one more request would slow down, and by how much they may slow.
     slos: tuple[tuple[float, int], ...] = ()
+    # The in-flight count when the gauges were scraped: the streams they showed beyond it were
+    # not the gateway's (clients beside it, or replicas that share no state). None: not known.
+    inflight_at_scrape: int | None = None
 
     @property
     def effective(self) -> int:
-        # vLLM's queue gauges lag by seconds under load; our own in-flight count is fresher, so
-        # take whichever is larger, and only the in-flight count once the scrape is stale.
+        # vLLM's queue gauges lag (a scrape interval at least), our own in-flight count does not:
+        # ours now, plus what the last scrape saw beyond ours then (so a stream of ours that
+        # ended since the scrape no longer counts); the larger of the two if that is not known,
+        # and only the in-flight count once the scrape is stale.
         # (Spelled out rather than max(): every decision reads this several times per backend.)
         if self.stale:
             return self.inflight
         queued = self.running + self.waiting
+        at = self.inflight_at_scrape
+        if at is not None:
+            return self.inflight + queued - at if queued > at else self.inflight
         return queued if queued > self.inflight else self.inflight
 
 

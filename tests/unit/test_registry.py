@@ -301,7 +301,13 @@ def test_snapshot_merges_scraped_load_in_flight_counts_and_staleness() -> None:
     reg.store.acquire(T1)
     load = reg.snapshot().load(T1)
     assert (load.running, load.waiting, load.inflight, load.stale) == (5, 2, 1, False)
-    assert load.effective == 7
+    # The scrape saw 7 streams while none was ours: 7 others, and ours now.
+    assert load.effective == 8
+    st.inflight_at_scrape = 1  # ... while ours was: it is among the 7
+    assert reg.snapshot().load(T1).effective == 7
+    reg.store.release(T1)  # ours ended since the scrape: 6 others are left
+    assert reg.snapshot().load(T1).effective == 6
+    reg.store.acquire(T1)
     clock.now += 0.8  # more than 3 scrape intervals
     load = reg.snapshot().load(T1)
     assert load.stale

@@ -469,9 +469,9 @@ def test_round_robin_ignores_load() -> None:
 
 
 def test_catalog() -> None:
-    six = {"learned", "golden-range", "least-loaded", "round-robin", "latency-only",
-           "throughput-only"}  # fmt: skip
-    assert set(POLICIES) == set(POLICY_NAMES) == six
+    seven = {"learned", "golden-range", "least-loaded", "power-of-two", "round-robin",
+             "latency-only", "throughput-only"}  # fmt: skip
+    assert set(POLICIES) == set(POLICY_NAMES) == seven
     assert DEFAULT_POLICY == "learned"
     policy = build_policy(DEFAULT_POLICY, P)
     assert isinstance(policy, Learned)
@@ -562,3 +562,24 @@ def test_property_candidates_are_exactly_the_eligible_backends(policy: str) -> N
             assert d.candidates[0].role is Role.LATENCY
         if d.reason in (Reason.LATENCY_FULL, Reason.HYSTERESIS, Reason.NO_LATENCY):
             assert d.candidates[0].role is Role.THROUGHPUT
+
+
+def _inflight(n: int) -> BackendLoad:
+    return BackendLoad(inflight=n, stale=True)  # what a router that polls nothing knows
+
+
+def test_power_of_two_takes_the_less_loaded_of_two_drawn() -> None:
+    policy = build_policy("power-of-two", P)
+    two = snap((T0, _inflight(5)), (T1, _inflight(1)))
+    for seed in range(20):
+        d = policy(RouteRequest(MODEL), two, OPEN, random.Random(seed))
+        assert urls(d) == names(T1, T0)
+        assert d.reason == Reason.TWO_CHOICES
+    # Three: the busiest can never win a draw, and either idle one can; tiers do not matter.
+    three = snap((L0, _inflight(0)), (T0, _inflight(9)), (T1, _inflight(0)))
+    firsts = {policy(RouteRequest(MODEL), three, OPEN, random.Random(s)).primary
+              for s in range(200)}  # fmt: skip
+    assert firsts == {L0, T1}
+    pinned = policy(RouteRequest(MODEL, pinned=Role.THROUGHPUT), three, OPEN, random.Random(0))
+    assert pinned.reason == Reason.PINNED
+    assert set(pinned.candidates) == {T0, T1}

@@ -32,6 +32,7 @@ def test_names_defined_once() -> None:
         "learned",
         "golden-range",
         "least-loaded",
+        "power-of-two",
         "round-robin",
         "latency-only",
         "throughput-only",
