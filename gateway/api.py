@@ -201,15 +201,24 @@ class Readiness(BaseModel):
 class CurvePoint(BaseModel):
     concurrency: int
     tpot_ms: float = Field(description="Predicted time per output token with this many streams.")
+    step_ms: float = Field(description="The engine's step time that TPOT comes from: TPOT x"
+                           " tokens per step.")  # fmt: skip
     ttft_ms: float = Field(description="Predicted time to first token of the stream that makes"
                            " it this many.")  # fmt: skip
-    evidence: float = Field(description="Observations behind the TPOT value there (0: prior or"
-                            " extrapolated).")  # fmt: skip
+    evidence: float = Field(description="Observations behind the TPOT value there (0:"
+                            " extrapolated past the frontier).")  # fmt: skip
 
 
 class ModelView(BaseModel):
     """The latency model's view of one backend."""
 
+    frontier: int = Field(description="The most streams observed on the backend: the curve rests"
+                          " on observations up to here, continues their slope one stream past"
+                          " it, and grows in proportion to the streams further on (0: nothing"
+                          " observed yet).")  # fmt: skip
+    spread: float = Field(description="Deviation of ln(a request's TPOT) around the curve, as"
+                          " the finished streams show it.")  # fmt: skip
+    bias: float = Field(description="Mean of ln(a request's TPOT / the curve).")
     curve: list[CurvePoint]
     tokens_per_step: float = Field(description="1 + accepted drafts per verification step,"
                                    " lately (1: no speculative decoding seen).")  # fmt: skip

@@ -28,7 +28,7 @@ def hedge_after(
     (prediction, load); None: do not hedge."""
     if not cfg.enabled:
         return None
-    least = min((p.ttft.at(n) for p, n in candidates if p is not None), default=0.0)
+    least = min((p.ttft.at(n) for p, n in candidates if p is not None and p.known), default=0.0)
     return max(cfg.min_s, cfg.factor * least)
 
 

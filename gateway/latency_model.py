@@ -1,15 +1,21 @@
 """The latency model: each backend's TPOT and TTFT as functions of its concurrency, learned
-online from what the gateway sees, starting from a prior.
+online from what the gateway sees, with nothing assumed before the first observation.
 
 Per backend and quantity, a value per knot of concurrency (gateway.routing.curves.KNOTS). An
 observation at concurrency c moves the two knots around c by its residual, split by distance,
 with a step size that shrinks to 1/`memory` (an exponentially weighted mean over that many
 observations per knot): a knot visited often follows change within a few seconds; one that is
-not keeps what it learned. The
-published curve is the weighted isotonic (non-decreasing) fit of the knots, so a few noisy
-observations cannot make more load look faster; past the highest knot with data it extrapolates
-the prior's shape scaled to the data (so a tier known to be fast at 16 streams is expected to
-degrade from there as the prior says, not to stay flat).
+not keeps what it learned. Where there are observations, the curve is the weighted isotonic
+(non-decreasing) fit of the knots, so a few noisy observations cannot make more load look faster.
+
+Past the data the model reasons from the engine, not from configuration. A decode step's time
+is a roofline of the tokens it processes (streams x tokens verified per stream): flat-ish while
+memory-bound, then rising steeply, never bending back (the reference measurements of an H200 show
+it from 1 to 256 streams). So past the most streams observed (the frontier), TPOT is at least the
+observed slope continued, and at most proportional to the streams: for any step time of the form
+max(a + bT, cT) with a >= 0, step(T) / T never grows. One stream past the frontier the policy is
+given the optimistic continuation (so it tries the next stream, and learns), further on the
+pessimistic bound (so it does not bet many streams on what it has not seen).
 
 Speculative decoding is modelled apart, because it is what moves fastest: TPOT = step time /
 tokens per step, and the tokens per step (1 + accepted drafts per verification) come from the
@@ -17,25 +23,36 @@ engine's counters, averaged with a half-life of seconds. When that average moves
 the TPOT curve is rescaled by the ratio (the step time is the hardware's, the acceptance is the
 workload's), so a workload shift moves the whole curve at once, not one visited knot at a time.
 
+A request's TPOT scatters around the curve (its own acceptance, the batch it shared): the
+finished streams' log-residuals against the curve give a bias and a spread, from which routing
+reads the probability of meeting an SLO, not just whether the mean does.
+
 No clock, no I/O: times come in with the observations (gateway.learner feeds it).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.routing import PolicyParams, Role, Slo
-from gateway.routing.curves import KNOTS, Curve, Prediction
+from gateway.routing.curves import KNOTS, TABLE_MAX, UNKNOWN_CURVE, Curve, Prediction
 
 __all__ = [
+    "UNKNOWN",
     "AcceptanceRate",
     "BackendModel",
     "CurveLearner",
     "EngineSample",
+    "LogSpread",
+    "Roofline",
+    "beyond",
+    "fit_roofline",
     "isotonic",
-    "prior_prediction",
 ]
+
+# What routing sees of a backend nothing has been observed on yet.
+UNKNOWN = Prediction(tpot=UNKNOWN_CURVE, ttft=UNKNOWN_CURVE, frontier=0)
 
 
 def isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -54,41 +71,47 @@ def isotonic(values: list[float], weights: list[float]) -> list[float]:
 
 
 class CurveLearner:
-    """The knots of one curve: value, weight (prior plus data, capped at `memory`) and how many
-    observations lie behind each."""
+    """The knots of one curve: value, weight (capped at `memory`) and how many observations lie
+    behind each. A knot no observation has reached holds nothing."""
 
-    __slots__ = ("memory", "seen", "shape", "values", "weights")
+    __slots__ = ("memory", "seen", "values", "weights")
 
-    def __init__(self, prior: Curve, prior_weight: float, memory: float) -> None:
-        # The prior's monotone shape, kept apart from the learned values: the curve past the
-        # data follows it.
-        self.shape = isotonic(list(prior.values), [1.0] * len(KNOTS))
-        self.values = list(prior.values)
-        self.weights = [prior_weight] * len(KNOTS)
+    def __init__(self, memory: float) -> None:
+        self.values = [0.0] * len(KNOTS)
+        self.weights = [0.0] * len(KNOTS)
         self.seen = [0.0] * len(KNOTS)
         self.memory = memory
 
-    def observe(self, n: float, y: float, weight: float = 1.0) -> None:
+    def observe(self, n: float, y: float, weight: float = 1.0) -> bool:
         """One observation `y` at concurrency `n`. The residual against the current line
         through the two knots around `n` moves both, each by its share of `weight` (a
         gradient step of piecewise-linear least squares: unbiased on a straight segment,
-        where averaging `y` into the knots would drag each toward its neighbour)."""
+        where averaging `y` into the knots would drag each toward its neighbour). A knot's
+        first observation sets it. False: not a usable observation."""
         if not (math.isfinite(y) and y >= 0 and math.isfinite(n)):
-            return
+            return False
         k = KNOTS
         if n <= k[0]:
             self._add(0, y - self.values[0], weight)
-            return
+            return True
         if n >= k[-1]:
             self._add(len(k) - 1, y - self.values[-1], weight)
-            return
+            return True
         i = 0
         while k[i + 1] < n:
             i += 1
         f = (n - k[i]) / (k[i + 1] - k[i])
-        residual = y - (self.values[i] + f * (self.values[i + 1] - self.values[i]))
+        v0, v1 = self.values[i], self.values[i + 1]
+        # A knot with nothing yet stands at the other one's value, not at 0.
+        if not self.seen[i]:
+            v0 = v1 if self.seen[i + 1] else y
+        if not self.seen[i + 1]:
+            v1 = v0
+        residual = y - (v0 + f * (v1 - v0))
+        self.values[i], self.values[i + 1] = v0, v1
         self._add(i, residual, weight * (1 - f))
         self._add(i + 1, residual, weight * f)
+        return True
 
     def _add(self, i: int, residual: float, w: float) -> None:
         if w <= 0:
@@ -100,35 +123,146 @@ class CurveLearner:
     def scale(self, factor: float) -> None:
         if factor > 0 and math.isfinite(factor):
             self.values = [v * factor for v in self.values]
-            self.shape = [v * factor for v in self.shape]
 
-    def curve(self) -> Curve:
-        """The published curve: the isotonic fit of the knots with data; between them, straight
-        lines; below them, the prior (no higher than the data); above them, the prior scaled
-        to meet the highest."""
-        prior = isotonic(self.values, self.weights)
-        data = [i for i, s in enumerate(self.seen) if s >= 0.5]
-        if not data:
-            return Curve(tuple(prior), tuple(self.seen))
-        fitted, shape = list(prior), self.shape
-        dv = isotonic([self.values[i] for i in data], [self.weights[i] for i in data])
-        for i, v in zip(data, dv, strict=True):
-            fitted[i] = v
-        first, last = data[0], data[-1]
-        for i in range(first):
-            fitted[i] = min(prior[i], dv[0])
-        for (a, va), (b, vb) in zip(zip(data, dv, strict=True), zip(data[1:], dv[1:], strict=True),
-                                    strict=False):  # fmt: skip
-            for i in range(a + 1, b):
-                fitted[i] = va + (vb - va) * (KNOTS[i] - KNOTS[a]) / (KNOTS[b] - KNOTS[a])
-        # Past the data: the prior's shape, scaled to meet the highest learned knot. (Carrying
-        # the learned slope on looked cheaper to explore with, but a flat start of the curve
-        # then promised a flat curve: a burst of arrivals all went where nothing was known.)
-        top = dv[-1]
-        ratio = top / shape[last] if shape[last] > 0 else 1.0
-        for i in range(last + 1, len(KNOTS)):
-            fitted[i] = max(top, shape[i] * ratio)
-        return Curve(tuple(fitted), tuple(self.seen))
+    def points(self) -> list[tuple[int, float]]:
+        """(knot, fitted value) of the knots with observations: their isotonic fit."""
+        data = [i for i, s in enumerate(self.seen) if s > 0]
+        fitted = isotonic([self.values[i] for i in data], [self.weights[i] for i in data])
+        return [(KNOTS[i], v) for i, v in zip(data, fitted, strict=True)]
+
+
+def _through(points: Sequence[tuple[int, float]], upto: int) -> list[float]:
+    """The piecewise-linear line through `points` at 0..upto, flat below the first point and
+    past the last."""
+    out: list[float] = []
+    j = 0
+    for n in range(upto + 1):
+        while j + 1 < len(points) and points[j + 1][0] < n:
+            j += 1
+        x0, y0 = points[j]
+        if n <= x0 or j + 1 == len(points):
+            out.append(y0)
+        else:
+            x1, y1 = points[j + 1]
+            out.append(y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """`base + slope * n + steeper * max(0, n - ridge)`: a decode step's time against the
+    streams it carries (or TPOT, at fixed tokens per step), memory-bound then compute-bound."""
+
+    base: float
+    slope: float = 0.0
+    steeper: float = 0.0
+    ridge: float = math.inf
+
+    def at(self, n: float) -> float:
+        return self.base + self.slope * n + self.steeper * max(0.0, n - self.ridge)
+
+
+def _solve2(m: tuple[float, float, float], rhs: tuple[float, float]
+            ) -> tuple[float, float] | None:  # fmt: skip
+    """[[a, b], [b, d]] x = rhs for m = (a, b, d); None if singular."""
+    a, b, d = m
+    u, v = rhs
+    det = a * d - b * b
+    if abs(det) < 1e-300:
+        return None
+    return (u * d - b * v) / det, (a * v - b * u) / det
+
+
+def _solve3(m: tuple[float, float, float, float, float, float],
+            rhs: tuple[float, float, float]) -> tuple[float, float, float] | None:  # fmt: skip
+    """[[a, b, c], [b, d, e], [c, e, f]] x = rhs for m = (a, b, c, d, e, f), by the adjugate;
+    None if singular."""
+    a, b, c, d, e, f = m
+    u, v, w = rhs
+    c00, c01, c02 = d * f - e * e, c * e - b * f, b * e - c * d
+    det = a * c00 + b * c01 + c * c02
+    if abs(det) < 1e-300:
+        return None
+    c11, c12, c22 = a * f - c * c, b * c - a * e, a * d - b * b
+    return ((c00 * u + c01 * v + c02 * w) / det, (c01 * u + c11 * v + c12 * w) / det,
+            (c02 * u + c12 * v + c22 * w) / det)  # fmt: skip
+
+
+def fit_roofline(points: Sequence[tuple[int, float, float]]) -> Roofline:
+    """The roofline closest to (n, value, weight) points in relative terms (each weighted by
+    weight / value^2), with slope and steeper part never negative: the ridge tried at every
+    point, and none. One point, or points that fall: flat at their weighted mean.
+
+    Hand-written least squares: the sums past each ridge are suffix sums, so every ridge costs
+    two closed-form solves, and a fit's squared error comes from its normal equations (~0.1 ms
+    in all for 19 knots; this runs at every refit of every backend)."""
+    pts = sorted(points)
+    m = len(pts)
+    # Suffix sums from i on of w, wx, wxx, wy, wxy (w: the relative weight).
+    suf = [(0.0, 0.0, 0.0, 0.0, 0.0)] * (m + 1)
+    yy = 0.0
+    for i in range(m - 1, -1, -1):
+        x, y, w = pts[i]
+        w = w / max(y * y, 1e-18)
+        s0, s1, s2, s3, s4 = suf[i + 1]
+        suf[i] = (s0 + w, s1 + w * x, s2 + w * x * x, s3 + w * y, s4 + w * x * y)
+        yy += w * y * y
+    sw, swx, swxx, swy, swxy = suf[0]
+    best, best_err = Roofline(swy / sw), yy - swy * swy / sw
+    line = _solve2((sw, swx, swxx), (swy, swxy)) if m >= 2 else None
+    if line is not None and line[1] >= 0:
+        b0, b1 = line
+        e = yy - 2 * (b0 * swy + b1 * swxy) + b0 * b0 * sw + 2 * b0 * b1 * swx + b1 * b1 * swxx
+        if e < best_err:
+            best, best_err = Roofline(b0, b1), e
+    for j in range(1, m - 1):
+        r = float(pts[j][0])
+        hw, hwx, hwxx, hwy, hwxy = suf[j + 1]
+        sh = hwx - r * hw  # sums with h = max(0, x - r)
+        sxh = hwxx - r * hwx
+        shh = hwxx - 2 * r * hwx + r * r * hw
+        shy = hwxy - r * hwy
+        both = _solve3((sw, swx, sh, swxx, sxh, shh), (swy, swxy, shy))
+        if both is not None and both[1] >= 0 and both[2] >= 0:
+            b0, b1, b2 = both
+            e = (yy - 2 * (b0 * swy + b1 * swxy + b2 * shy) + b0 * b0 * sw + b1 * b1 * swxx
+                 + b2 * b2 * shh + 2 * (b0 * b1 * swx + b0 * b2 * sh + b1 * b2 * sxh))  # fmt: skip
+            if e < best_err:
+                best, best_err = Roofline(b0, b1, b2, r), e
+        knee = _solve2((sw, sh, shh), (swy, shy))  # flat, then rising
+        if knee is not None and knee[1] >= 0:
+            b0, b2 = knee
+            e = yy - 2 * (b0 * swy + b2 * shy) + b0 * b0 * sw + 2 * b0 * b2 * sh + b2 * b2 * shh
+            if e < best_err:
+                best, best_err = Roofline(b0, 0.0, b2, r), e
+    return best
+
+
+def beyond(line: Sequence[float], frontier: int, tokens: float, ridge_max: float
+           ) -> tuple[list[float], list[float]]:  # fmt: skip
+    """The TPOT table at 0..TABLE_MAX, and the doubt about each value (the deviation of its
+    log), from the observed roofline `line` (at 0..TABLE_MAX, continued past the data) when the
+    data show no ridge: as observed up to the frontier; past it, the step may turn
+    compute-bound anywhere. The ridge, in tokens per step, is taken as equally likely at any
+    scale from the frontier's `tokens` to `ridge_max` (log-uniform); past a ridge the step
+    grows in proportion to its tokens (the steepest a roofline rises). So at n streams
+    ln TPOT = ln line(n) + X, X = 0 while the ridge lies beyond n's tokens, else ln of n over
+    the ridge's streams. With U = ln(n / frontier) and L = ln(ridge_max / tokens), while U <= L:
+    E[X] = U^2 / 2L and E[X^2] = U^3 / 3L; past it X is uniform on [U - L, U]. One stream past
+    the frontier the table is nearly the observed line; a doubling, already a fair chance of the
+    knee."""
+    table, doubt = list(line[: frontier + 1]), [0.0] * (frontier + 1)
+    span = math.log(max(ridge_max / max(tokens, 1e-9), math.e))
+    for n in range(frontier + 1, TABLE_MAX + 1):
+        u = math.log(n / frontier)
+        if u <= span:
+            mean = u * u / (2 * span)
+            var = u**3 / (3 * span) - mean * mean
+        else:
+            mean, var = u - span / 2, span * span / 12
+        table.append(max(line[n] * math.exp(mean), table[-1]))  # the curve only rises
+        doubt.append(math.sqrt(max(var, 0.0)))
+    return table, doubt
 
 
 class AcceptanceRate:
@@ -165,8 +299,40 @@ class AcceptanceRate:
         return 1.0 + self.accepted / self.drafts if self.drafts > 1e-9 else None
 
     @property
+    def verified_per_step(self) -> float | None:
+        """Tokens each stream puts through a verification step: 1 + drafts proposed."""
+        return 1.0 + self.draft_tokens / self.drafts if self.drafts > 1e-9 else None
+
+    @property
     def rate(self) -> float | None:
         return self.accepted / self.draft_tokens if self.draft_tokens > 1e-9 else None
+
+
+class LogSpread:
+    """Mean and deviation of ln(observed / predicted), each an exponentially weighted mean over
+    `memory` observations, starting from `prior` (deviation) worth `prior_weight` of them."""
+
+    __slots__ = ("bias", "count", "memory", "var")
+
+    def __init__(self, memory: float, prior: float, prior_weight: float) -> None:
+        self.memory = memory
+        self.bias = 0.0
+        self.var = prior * prior
+        self.count = prior_weight
+
+    def observe(self, ratio: float) -> None:
+        if not (ratio > 0 and math.isfinite(ratio)):
+            return
+        r = math.log(ratio)
+        self.count = min(self.count + 1, self.memory)
+        w = 1 / self.count
+        d = r - self.bias
+        self.bias += w * d
+        self.var += w * (d * (r - self.bias) - self.var)
+
+    @property
+    def deviation(self) -> float:
+        return math.sqrt(max(self.var, 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,17 +346,24 @@ class EngineSample:
 
 
 class BackendModel:
-    """One backend's learners: TPOT and TTFT curves and the speculative acceptance."""
+    """One backend's learners: TPOT and TTFT curves, the frontier, the spread of requests
+    around the TPOT curve, and the speculative acceptance."""
 
     def __init__(
-        self, prior: Prediction, prior_weight: float, memory: float, halflife_s: float
+        self, memory: float, halflife_s: float, spread: float, ridge_max: float
     ) -> None:
-        self.tpot = CurveLearner(prior.tpot, prior_weight, memory)
-        self.ttft = CurveLearner(prior.ttft, prior_weight, memory)
+        self.ridge_max = ridge_max
+        self.tpot = CurveLearner(memory)  # at the tokens per step `tps`
+        self.ttft = CurveLearner(memory)
         self.acceptance = AcceptanceRate(halflife_s)
+        self.spread = LogSpread(4 * memory, spread, 2.0)
         self.tps: float | None = None  # the tokens per step the TPOT curve is scaled to
+        self.frontier = 0
         self.observed_at: float | None = None
         self._last: EngineSample | None = None
+        # The TPOT table of the last prediction, and the frontier it was drawn to.
+        self._table: list[float] | None = None
+        self._drawn_to = 0
 
     def observe_engine(self, sample: EngineSample, now: float) -> None:
         """One scrape: acceptance first (it rescales the curve), then the step time it saw."""
@@ -201,6 +374,8 @@ class BackendModel:
             if tps is not None:
                 if self.tps is not None:
                     self.tpot.scale(self.tps / tps)
+                    if self._table is not None:
+                        self._table = [v * self.tps / tps for v in self._table]
                 self.tps = tps
         if last is None or sample.itl_sum is None or sample.itl_count is None:
             return
@@ -212,43 +387,56 @@ class BackendModel:
         step_s = (sample.itl_sum - last.itl_sum) / steps
         # vLLM observes one inter-token latency per request per engine step, however many
         # tokens the step gave it: with speculation that is the step time, not the TPOT.
-        self.tpot.observe((sample.running + last.running) / 2, step_s / (self.tps or 1.0))
-        self.observed_at = now
+        n = (sample.running + last.running) / 2
+        if self.tpot.observe(n, step_s / (self.tps or 1.0)):
+            # Held for the whole interval: the fewer of the two ends.
+            self.frontier = max(self.frontier, int(min(sample.running, last.running)))
+            self.observed_at = now
 
     def observe_request(self, at: float, tpot: tuple[float, float] | None,
                         ttft: tuple[float, float] | None) -> None:  # fmt: skip
         """One finished stream seen at the gateway: (concurrency, TPOT) over its decode, and
         (concurrency it joined, TTFT)."""
         if tpot is not None:
-            self.tpot.observe(*tpot)
+            n, y = tpot
+            if self._table is not None and 1 <= n <= self._drawn_to + 1:
+                self.spread.observe(y / self._at(n))
+            if self.tpot.observe(n, y):
+                self.frontier = max(self.frontier, int(n))
         if ttft is not None:
             self.ttft.observe(*ttft)
         self.observed_at = at
 
+    def _at(self, n: float) -> float:
+        assert self._table is not None
+        i = min(int(n), TABLE_MAX - 1)
+        f = min(n - i, 1.0)
+        return self._table[i] + f * (self._table[i + 1] - self._table[i])
+
     def prediction(self) -> Prediction:
+        points = self.tpot.points()
+        if not points or self.frontier < 1:
+            return UNKNOWN
+        frontier = min(self.frontier, TABLE_MAX - 1)
+        roof = fit_roofline([(k, v, self.tpot.weights[KNOTS.index(k)]) for k, v in points])
+        line = [roof.at(max(n, 1)) for n in range(TABLE_MAX + 1)]
+        # Even where the fit shows a steeper part inside the data, past them the step may
+        # steepen again as far as the model can tell (a fit's ridge may be noise).
+        tokens = frontier * (self.acceptance.verified_per_step or 1.0)
+        table, doubt = beyond(line, frontier, tokens, self.ridge_max)
+        self._table, self._drawn_to = table, frontier
+        # TTFT past its data: as at the most streams observed (it grows by queueing, which
+        # the scraped queue shows, not by the step's roofline).
+        ttft = self.ttft.points()
         return Prediction(
-            tpot=self.tpot.curve(),
-            ttft=self.ttft.curve(),
+            tpot=Curve.tabled(table, self.tpot.seen),
+            ttft=Curve.tabled(_through(ttft, TABLE_MAX) if ttft
+                              else [0.0] * (TABLE_MAX + 1), self.ttft.seen),
             tokens_per_step=self.tps or 1.0,
             acceptance=self.acceptance.rate,
             observed_at=self.observed_at,
-        )
-
-
-def prior_prediction(role: Role, params: PolicyParams, slo: Slo) -> Prediction:
-    """What the configured limits say before any data, in units of the default SLO: the
-    latency tier beats the throughput tier up to `latency_max_concurrency` and meets the SLO up
-    to `latency_hard_cap`; the throughput tier meets it comfortably to 64 streams."""
-    t = slo.tpot_s
-    cap, hard = params.latency_max_concurrency, params.latency_hard_cap
-
-    def latency(n: int) -> float:
-        below = 0.3 + 0.3 * min(n, cap) / cap
-        past = 0.4 * max(0, n - cap) / max(1, hard - cap)
-        return t * (below + past)
-
-    def throughput(n: int) -> float:
-        return t * (0.6 + 0.4 * max(0, n - 64) / 64)
-
-    tpot = Curve.of(latency if role is Role.LATENCY else throughput)
-    return Prediction(tpot=tpot, ttft=Curve.of(lambda n: 0.25 * slo.ttft_s))
+            frontier=frontier,
+            spread=self.spread.deviation,
+            bias=self.spread.bias,
+            doubt=tuple(doubt),
+        )  # fmt: skip

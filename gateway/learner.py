@@ -9,13 +9,14 @@ snapshot carries; the model's gauges; and the view `/state` shows.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from gateway import api
 from gateway.exchange import Exchange
-from gateway.latency_model import BackendModel, EngineSample, prior_prediction
+from gateway.latency_model import UNKNOWN, BackendModel, EngineSample
 from gateway.load.parse import EngineStats
 from gateway.registry import BackendEntry, Registry
 from gateway.routing import Role
@@ -48,7 +49,10 @@ def engine_sample(stats: Mapping[str, EngineStats]) -> EngineSample:
 
 
 def slo_limit(pred: Prediction, tpot_s: float, upto: int = 256) -> int:
-    """The most streams at which the predicted TPOT still meets `tpot_s` (0: not even one)."""
+    """The most streams at which the predicted TPOT still meets `tpot_s` (0: not even one, or
+    nothing known)."""
+    if not pred.known:
+        return 0
     n = 0
     while n < upto and pred.tpot.at(n + 1) <= tpot_s:
         n += 1
@@ -67,12 +71,11 @@ class Learner:
         self.slo = settings.slo.slo()
         cfg = settings.learning
         self.models = {
-            e.url: BackendModel(
-                prior_prediction(e.backend.role, settings.policy, self.slo),
-                cfg.prior_weight, cfg.memory, cfg.acceptance_halflife_s,
-            )
+            e.url: BackendModel(cfg.memory, cfg.acceptance_halflife_s, cfg.spread,
+                                cfg.ridge_max_tokens)
             for e in registry
-        }  # fmt: skip
+        }
+        self.registry.curves = MappingProxyType(dict.fromkeys(self.models, UNKNOWN))
         self._dirty: set[str] = set(self.models)
         self.refresh()
 
@@ -122,9 +125,13 @@ class Learner:
         pred = self.registry.curves.get(url)
         if pred is None:
             return None
-        tpot, ttft = pred.tpot, pred.ttft
+        tpot, ttft, tps = pred.tpot, pred.ttft, pred.tokens_per_step
         return api.ModelView(
+            frontier=pred.frontier,
+            spread=round(pred.spread, 4),
+            bias=round(pred.bias, 4),
             curve=[api.CurvePoint(concurrency=n, tpot_ms=round(tpot.at(n) * 1000, 3),
+                                  step_ms=round(tpot.at(n) * tps * 1000, 3),
                                   ttft_ms=round(ttft.at(n) * 1000, 3),
                                   evidence=round(tpot.evidence_at(n), 2))
                    for n in SHOWN_CONCURRENCIES],
@@ -137,6 +144,8 @@ class Learner:
     def _gauges(self, entry: BackendEntry, pred: Prediction) -> None:
         t, b = self.telemetry, entry.backend
         for n in SHOWN_CONCURRENCIES:
-            t.child(t.predicted_tpot, b.role.value, b.url, str(n)).set(pred.tpot.at(n))
+            value = pred.tpot.at(n) if pred.known else math.nan
+            t.child(t.predicted_tpot, b.role.value, b.url, str(n)).set(value)
+        t.child(t.frontier, b.role.value, b.url).set(pred.frontier)
         if b.role is Role.LATENCY:
             t.child(t.latency_limit, b.url).set(slo_limit(pred, self.slo.tpot_s))

@@ -332,8 +332,14 @@ class LearningConfig(_Model):
     memory: float = Field(default=16.0, ge=1)
     # Half-life of the speculative acceptance average: the whole TPOT curve rescales with it.
     acceptance_halflife_s: float = Field(default=3.0, gt=0)
-    # The prior's weight in observations: small, so data takes over at once where there is any.
-    prior_weight: float = Field(default=0.25, gt=0)
+    # The deviation of ln(a request's TPOT) around the curve assumed until a backend's own
+    # finished streams show theirs (worth two of them).
+    spread: float = Field(default=0.1, gt=0, le=2)
+    # Past the most streams observed on a backend, the step may turn compute-bound anywhere:
+    # the model takes its ridge as equally likely at any scale up to this many tokens per step
+    # (vLLM's default budget of tokens per step, max_num_batched_tokens), and grows its doubt
+    # with the distance.
+    ridge_max_tokens: float = Field(default=2048.0, gt=1)
 
 
 class ShutdownConfig(_Model):

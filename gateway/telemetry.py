@@ -336,6 +336,14 @@ class Telemetry:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        self.frontier = Gauge(
+            "tiergate_backend_frontier",
+            "The most streams the latency model has observed on a backend: its curve rests on"
+            " observations up to here (0: none yet).",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.latency_limit = Gauge(
             "tiergate_latency_tier_limit",
             "The most streams at which a latency backend is predicted to meet the default TPOT"

@@ -143,7 +143,7 @@ class RequestTrace:
         it has now (its scraped queue or this gateway's in-flight count, the larger)."""
         registry = self.tracing.registry
         pred = registry.curves.get(chosen.url)
-        if pred is None:
+        if pred is None or not pred.known:
             return
         entry = registry.entry(chosen.url)
         n = max(entry.live.running + entry.live.waiting, entry.busy) + 1

@@ -1,10 +1,12 @@
 """What the latency model predicts for one backend, as routing reads it: immutable values.
 
-A `Curve` is a non-decreasing function of concurrency (the streams on the backend), piecewise
-linear between fixed knots and straight past the last one. A `Prediction` holds a backend's TPOT
-and TTFT curves with what the model knows about its speculative decoding. The learning that
-produces them lives in gateway.latency_model; routing only reads them, so a decision stays a
-pure function of its inputs.
+A `Curve` is a non-decreasing function of concurrency (the streams on the backend): a value per
+integer concurrency up to TABLE_MAX (piecewise linear between fixed knots unless the model
+tabulates it itself), straight past it. A `Prediction` holds a backend's TPOT and TTFT curves,
+the load up to which they rest on observations (the frontier), the spread of requests around the
+TPOT curve, and what the model knows about its speculative decoding. The learning that produces
+them lives in gateway.latency_model; routing only reads them, so a decision stays a pure
+function of its inputs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["KNOTS", "TABLE_MAX", "Curve", "Prediction"]
+__all__ = ["KNOTS", "TABLE_MAX", "UNKNOWN_CURVE", "Curve", "Prediction"]
 
 # Concurrencies the model keeps a value for: dense where engines change fast (small batches,
 # the knee of a speculative batch), sparse past it.
@@ -59,15 +61,25 @@ class Curve:
 
     values: tuple[float, ...]
     evidence: tuple[float, ...] = ()
-    # The value at each integer concurrency 0..TABLE_MAX, for reading without a call.
-    table: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    # The value at each integer concurrency 0..TABLE_MAX, for reading without a call; given,
+    # or drawn between the knots' values.
+    table: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.values) != len(KNOTS):
             raise ValueError(f"a curve needs {len(KNOTS)} values, got {len(self.values)}")
         if not self.evidence:
             object.__setattr__(self, "evidence", (0.0,) * len(KNOTS))
-        object.__setattr__(self, "table", _tabulate(self.values))
+        if not self.table:
+            object.__setattr__(self, "table", _tabulate(self.values))
+        elif len(self.table) != TABLE_MAX + 1:
+            raise ValueError(f"a curve's table needs {TABLE_MAX + 1} values")
+
+    @classmethod
+    def tabled(cls, table: Sequence[float], evidence: Sequence[float] = ()) -> Curve:
+        """A curve given by its value at every integer concurrency 0..TABLE_MAX (its knots'
+        values read from it; past TABLE_MAX, straight on from the last two knots)."""
+        return cls(tuple(table[k] for k in KNOTS), tuple(evidence), tuple(table))
 
     @classmethod
     def of(cls, fn: Callable[[int], float], evidence: float = 0.0) -> Curve:
@@ -88,12 +100,47 @@ class Curve:
         return best
 
 
+UNKNOWN_CURVE: Final = Curve((0.0,) * len(KNOTS))
+
+
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """One backend's predicted latency as a function of its concurrency."""
+    """One backend's predicted latency as a function of its concurrency.
+
+    Up to `frontier` streams the TPOT curve rests on observations; one stream past it, it
+    continues the observed slope (optimistic: a roofline only steepens); further on it grows in
+    proportion to the streams (pessimistic: no roofline with a fixed cost per step grows
+    faster). A request's own TPOT scatters around the curve: ln(TPOT) is taken as normal with
+    mean ln(curve) + `bias` and deviation `spread`, as observed. `frontier` 0: nothing observed
+    yet (the curves are zeros and mean nothing). A curve built by hand is taken as observed
+    everywhere."""
 
     tpot: Curve  # seconds per output token with n streams running
     ttft: Curve  # seconds to the first token of a request that makes it n streams
     tokens_per_step: float = 1.0  # 1 + accepted drafts per verification step (1: plain decoding)
     acceptance: float | None = None  # accepted / proposed draft tokens, lately
     observed_at: float | None = None  # the last observation, on the snapshot's clock
+    frontier: int = TABLE_MAX  # the most streams observed there (0: none yet)
+    spread: float = 0.1  # deviation of ln(a request's TPOT) around ln(curve) + bias
+    bias: float = 0.0  # mean of ln(a request's TPOT / curve), lately
+    # Per concurrency 0..TABLE_MAX, the deviation of ln(curve) itself where the model is unsure
+    # (past the frontier); () : none anywhere.
+    doubt: tuple[float, ...] = field(default=(), repr=False)
+    # ln of the TPOT table (-inf where it is 0), and 1 / (sqrt(2) x the whole deviation of
+    # ln(a request's TPOT)) per concurrency: what the probability of meeting an SLO reads.
+    log_tpot: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "log_tpot", tuple(math.log(v) if v > 0 else -math.inf for v in self.tpot.table)
+        )
+        s2 = self.spread * self.spread
+        scale = 1.0 / (math.sqrt(2.0 * s2) or 1e-12)
+        z = (tuple(1.0 / math.sqrt(2.0 * (s2 + d * d) or 1e-24) for d in self.doubt)
+             if self.doubt else (scale,) * (TABLE_MAX + 1))  # fmt: skip
+        object.__setattr__(self, "z_scale", z)
+
+    @property
+    def known(self) -> bool:
+        return self.frontier > 0

@@ -1,26 +1,37 @@
-"""``learned``: each request where it is predicted to meet its SLO, from each backend's learned
-latency curves (gateway.latency_model), with no hand-set golden range.
+"""``learned``: each request where it adds the most SLO-meeting output, from each backend's
+learned latency curves (gateway.latency_model), with no hand-set golden range.
 
-Per candidate backend at concurrency n, the prediction for n + 1 streams:
-- it *meets* the request's SLO when predicted TPOT and TTFT are within it, less `slo_margin`
-  for the model's error (the SLO is a cliff, the curve a mean);
-- it *hurts* the streams already there that n + 1 would push past their own TPOT SLO (one more
-  stream slows every stream of a batch, a speculative one most);
-- its *gain* is the change in the backend's SLO-meeting output (tokens per second of the
-  streams that meet their SLO, the request included): negative past the backend's knee, where
-  one more stream slows the others by more than it adds;
-- it is *full* when its predicted TTFT is beyond `full_ttft_factor` times the request's TTFT
-  SLO, or (as for every policy) a fresh scrape shows a long queue: admission then holds the
-  request, and answers 429 if nothing frees.
+The objective is goodput, the SLO the constraint. For each candidate backend at concurrency n,
+from its predicted TPOT at n and n + 1 streams and the spread of requests around it:
+- `p`: the probability that the request meets its SLO there (TPOT, and TTFT within it less
+  `slo_margin`);
+- `gain`: the SLO-meeting output per second the backend would have with the request, less what
+  it has now: each stream counts its tokens per second times its probability of meeting its own
+  SLO, the request's included. It is what one more stream adds where the backend is fast and
+  before its knee; it turns negative past the knee, where one more stream slows the others by
+  more than it adds, and wherever it would push the streams there past their SLOs;
+- `full`: its predicted TTFT is beyond `full_ttft_factor` times the request's TTFT SLO, or (as
+  for every policy) a fresh scrape shows a long queue: admission then holds the request, and
+  answers 429 if nothing frees.
 
-Order: first the backends that meet the SLO and hurt no one: those still before their knee
-first, then the fastest (TPOTs within 5% of one another count as equal: the model's noise),
-then the least loaded; then the other backends with room, by most gain; full ones last, by
-least excess. So the latency tier fills to its knee while the
-throughput tier can meet the SLO too, and past it only for requests nothing else can serve in
-time: wherever the hardware and the acceptance put the crossover. With probability
-`explore_rate` a backend whose model has had no observation for `explore_after_s` goes first,
-so a tier that lost its traffic (EAGLE accepting little) is noticed when it recovers.
+Order: the backends with room by most gain (on a tie, where nothing is to be gained, the
+fastest, then the least loaded); full ones last by least excess. In a closed loop the
+SLO-meeting requests per second are what the gains add up to; in an open one, the fastest place
+that keeps everyone's SLO. So the faster tier fills to its knee while others can meet the SLO
+too, and past it only for requests nothing else serves better, wherever the hardware and the
+acceptance put that knee.
+
+Where the model has not looked, the predictions carry their doubt (gateway.latency_model: past
+the most streams observed, the step may turn compute-bound anywhere, more likely the further
+out), and the probabilities of meeting an SLO widen with it: one stream past the frontier is
+nearly as good as the last observed, so the request tries it and the frontier moves up by
+evidence; many streams past it are a gamble the gain prices. A backend nothing is known of is
+tried once, as good as the best known one for a first stream, ranking after a known backend of
+equal gain (the latency tier first among unknowns): a cold start serves its first requests from
+the tier the operator called fast, and tries the others when there is a second request to spare.
+With probability `explore_rate` a backend whose model has had no observation for
+`explore_after_s` goes first, so a tier that lost its traffic (EAGLE accepting little) is noticed
+when it recovers.
 
 A pure function of (request, snapshot with its predictions, state, rng).
 """
@@ -48,11 +59,12 @@ from gateway.routing.types import (
     Slo,
 )
 
-__all__ = ["Learned", "Outlook", "outlook", "speed_bands"]
+__all__ = ["Learned", "Outlook", "first_stream", "met", "outlook"]
 
-# Predicted TPOTs within this ratio of their band's fastest rank alike (then by load): the noise.
-_ALIKE = 1.05
 _FLOOR = 1e-6
+# A gain below this share of a stream that just meets its SLO counts as none (so that where
+# nothing is to be gained, load decides, not rounding).
+_NOTHING = 0.01
 
 
 class Outlook(NamedTuple):
@@ -60,95 +72,118 @@ class Outlook(NamedTuple):
     tuple: one is built per candidate per decision, and a frozen dataclass costs twice as much
     to build.)"""
 
-    tpot: float  # predicted, with the request
+    tpot: float  # predicted mean, with the request (inf: nothing known)
     ttft: float
-    meets: bool  # the request would meet its SLO there
-    hurt: int  # streams there it would push past their SLO
+    p: float  # the probability that the request meets its SLO there
     gain: float  # SLO-meeting tokens per second the backend would gain (negative: lose)
     full: bool
     load: int
+    past: int  # streams past the most observed there, the request's included (0: within them)
 
     @property
-    def clean(self) -> bool:
-        """Meets the request's SLO and pushes no one past theirs."""
-        return self.meets and not self.hurt
-
-    def key(self, slo: Slo, speed: int) -> tuple[int, bool, float, float]:
-        """Sort key; `speed`: the rank of this backend's band of alike TPOTs (clean ones)."""
-        if self.full:
-            return 2, False, max(self.tpot / slo.tpot_s, self.ttft / slo.ttft_s), 0.0
-        if self.clean:
-            return 0, self.gain < 0, speed, self.load
-        return 1, False, -self.gain, 0.0
+    def ahead(self) -> bool:
+        """Past the load the model has observed there: the request explores."""
+        return self.past > 0
 
 
-def speed_bands(tpots: Sequence[float]) -> list[int]:
-    """Each TPOT's band: sorted, a new band starts past 5% above the first of the last band,
-    so backends the model can barely tell apart go by load, not by noise."""
-    bands = [0] * len(tpots)
-    band, start = -1, 0.0
-    for t, i in sorted(zip(tpots, range(len(tpots)), strict=True)):
-        if band < 0 or t > start * _ALIKE:
-            band, start = band + 1, t
-        bands[i] = band
-    return bands
+
+def _key(o: Outlook, slo: Slo, latency: bool) -> tuple[int, float, float, int, bool]:
+    """Sort key: room first, the most gain first (a gain of less than a hundredth of a stream
+    that just meets the SLO is none); on a tie, the fastest (a request that gains nothing
+    anywhere slows the fewest streams least there, and is done soonest; what nothing is known
+    of comes after what is), then the least loaded, then the latency tier. Full ones last, by
+    least excess."""
+    if o.full:
+        return 1, max(o.tpot / slo.tpot_s, o.ttft / slo.ttft_s), 0.0, 0, False
+    gain = o.gain if abs(o.gain) * slo.tpot_s > _NOTHING else 0.0
+    return 0, -gain, o.tpot, o.load, not latency
+
+
+def met(log_slo: float, n: int, pred: Prediction) -> float:
+    """The probability that a stream meets a TPOT SLO of exp(`log_slo`) with `n` streams on
+    the backend: ln(TPOT) normal around ln(curve) + bias, with the spread observed and the
+    model's own doubt there."""
+    if n < len(pred.log_tpot):
+        log_tpot, scale = pred.log_tpot[n], pred.z_scale[n]
+    else:
+        log_tpot, scale = math.log(max(pred.tpot.at(n), _FLOOR)), pred.z_scale[-1]
+    if log_tpot == -math.inf:
+        return 1.0
+    return 0.5 * (1.0 + math.erf((log_slo - log_tpot - pred.bias) * scale))
+
+
+def _at(pred: Prediction, n: int) -> tuple[float, float]:
+    """(offset, scale) at `n` streams: a stream meets a TPOT SLO s with the probability
+    (1 + erf((ln s + offset) x scale)) / 2 (the terms of `met`, read once per candidate)."""
+    if n < len(pred.log_tpot):
+        return -pred.log_tpot[n] - pred.bias, pred.z_scale[n]
+    return -math.log(max(pred.tpot.at(n), _FLOOR)) - pred.bias, pred.z_scale[-1]
 
 
 def outlook(
-    b: Backend, load: BackendLoad, pred: Prediction | None, slo: Slo, params: _Limits
-) -> Outlook:
+    b: Backend, load: BackendLoad, pred: Prediction | None, slo: Slo, params: _Limits,
+) -> Outlook:  # fmt: skip
+    """One candidate's outlook. Nothing known (no prediction, or nothing observed yet): a first
+    stream there is as good as one on the best known backend (`params.first`), and no more
+    streams than that until something is observed."""
     n = load.effective
-    if pred is None:  # not modelled (yet): usable, ranked after every modelled backend with room
-        return Outlook(math.inf, math.inf, False, 0, -math.inf, False, n)
-    tpots, ttfts = pred.tpot.table, pred.ttft.table
+    if pred is None or not pred.known:
+        if n:
+            return Outlook(math.inf, 0.0, 0.0, 0.0, False, n, n + 1)
+        return Outlook(math.inf, 0.0, 1.0, params.first, False, n, 1)
+    tpots = pred.tpot.table
     if n + 1 < len(tpots):  # the common case, read from the tables directly
-        now, tpot, ttft = tpots[n], tpots[n + 1], ttfts[n + 1]
+        now, tpot, ttft = tpots[n], tpots[n + 1], pred.ttft.table[n + 1]
     else:
         now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
     # A microsecond at least: an engine that streams a whole answer at once has a TPOT of 0.
     now, tpot = max(now, _FLOOR), max(tpot, _FLOOR)
-    room = 1.0 - params.slo_margin
-    tpot_slo = slo.tpot_s * room
-    meets = tpot <= tpot_slo and ttft <= slo.ttft_s * room
-    # Streams there whose SLO this gateway does not know (another replica's) are taken to
-    # share the request's. One pass: the streams it would push past their SLO, and those
-    # meeting theirs before and after.
-    hurt = known = met_now = met_then = 0
+    (o0, z0), (o1, z1) = _at(pred, n), _at(pred, n + 1)
+    erf, log_slo = math.erf, math.log(slo.tpot_s)
+    p = 0.5 * (1.0 + erf((log_slo + o1) * z1)) if ttft <= slo.ttft_s * params.ttft_room else 0.0
+    # The streams there: this gateway's, each with its own SLO; others (another replica's)
+    # are taken to share the request's. Summed as count x erf, halved and shifted once.
+    now_sum = then_sum = 0.0
+    known = 0
     for s, count in load.slos:
         known += count
-        if now <= s:
-            met_now += count
-        if tpot <= s:
-            met_then += count
-        if now <= s * room < tpot:
-            hurt += count
+        log_s = math.log(s)
+        now_sum += count * erf((log_s + o0) * z0)
+        then_sum += count * erf((log_s + o1) * z1)
     others = n - known
     if others > 0:
-        if now <= tpot_slo < tpot:
-            hurt += others
-        if now <= slo.tpot_s:
-            met_now += others
-        if tpot <= slo.tpot_s:
-            met_then += others
-    # The gain counts every stream, the request too, by the curve's mean against its SLO: the
-    # margin is for calling a backend safe; once none is, the expected count is what matters,
-    # and a stream whose SLO sits at the curve's mean meets it one time in two.
-    if tpot <= slo.tpot_s and ttft <= slo.ttft_s:
-        met_then += 1
-    gain = met_then / tpot - met_now / now
+        now_sum += others * erf((log_slo + o0) * z0)
+        then_sum += others * erf((log_slo + o1) * z1)
+        known = n
+    met_now, met_then = 0.5 * (known + now_sum), 0.5 * (known + then_sum)
+    gain = (met_then + p) / tpot - (met_now / now if n else 0.0)
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
         b.role is Role.THROUGHPUT and not load.stale and load.waiting > params.max_waiting
     )
-    return Outlook(tpot, ttft, meets, hurt, gain, full, n)
+    return Outlook(tpot, ttft, p, gain, full, n, max(0, n + 1 - pred.frontier))
 
 
 @dataclass(frozen=True, slots=True)
 class _Limits:
-    slo_margin: float
+    ttft_room: float  # 1 - slo_margin
     full_ttft_factor: float
     max_waiting: int
     explore_rate: float
     explore_after_s: float
+    # Per decision, when a candidate is unknown: the gain of a first stream on the best known
+    # candidate (for this request's SLO), or the most there is when none is known.
+    first: float = 0.0
+
+
+def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
+    """The most a first stream gains on a known backend among `preds` (math.inf: none known)."""
+    best = -math.inf
+    log_slo = math.log(slo.tpot_s)
+    for pred in preds:
+        if pred is not None and pred.known:
+            gain = met(log_slo, 1, pred) / max(pred.tpot.table[1], _FLOOR)
+            best = max(best, gain)
+    return math.inf if best == -math.inf else best
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +193,9 @@ class Learned:
 
     @classmethod
     def build(cls, name: str, params: PolicyParams) -> Learned:
-        return cls(name, _Limits(params.slo_margin, params.full_ttft_factor, params.max_waiting,
-                                 params.explore_rate, params.explore_after_s))  # fmt: skip
+        return cls(name, _Limits(1.0 - params.slo_margin, params.full_ttft_factor,
+                                 params.max_waiting, params.explore_rate,
+                                 params.explore_after_s))  # fmt: skip
 
     def __call__(
         self, req: RouteRequest, snap: LoadSnapshot, state: RouterState, rng: random.Random
@@ -168,10 +204,16 @@ class Learned:
         if not pool:
             return Decision((), Reason.NO_BACKEND, self.name, state)
         slo, curves, load, limits = req.slo, snap.curves, snap.load, self.limits
-        outlooks = [outlook(b, load(b.url), curves.get(b.url), slo, limits) for b in pool]
-        bands = speed_bands([o.tpot for o in outlooks])
+        preds = [curves.get(b.url) for b in pool]
+        if any(p is None or not p.known for p in preds):
+            limits = _Limits(limits.ttft_room, limits.full_ttft_factor, limits.max_waiting,
+                             limits.explore_rate, limits.explore_after_s,
+                             first_stream(preds, slo))  # fmt: skip
+        outlooks = [outlook(b, load(b.url), p, slo, limits)
+                    for b, p in zip(pool, preds, strict=True)]  # fmt: skip
         # (key, random tie-break, position): plain tuples sort fastest
-        keys = [(o.key(slo, bands[i]), rng.random(), i) for i, o in enumerate(outlooks)]
+        keys = [(_key(o, slo, b.role is Role.LATENCY), rng.random(), i)
+                for i, (b, o) in enumerate(zip(pool, outlooks, strict=True))]  # fmt: skip
         keys.sort()
         ordered = [pool[k[2]] for k in keys]
         first = outlooks[keys[0][2]]
@@ -179,7 +221,9 @@ class Learned:
             reason: str = Reason.SATURATED
         elif req.pinned is not None:
             reason = Reason.PINNED
-        elif first.clean:
+        elif first.ahead:
+            reason = Reason.FRONTIER
+        elif first.p >= 0.5:
             reason = Reason.PREDICTED_SLO_MET
         else:
             reason = Reason.HEADROOM
@@ -189,7 +233,7 @@ class Learned:
                 b, o = pool[k[2]], outlooks[k[2]]
                 if o.full:
                     continue
-                pred = curves.get(b.url)
+                pred = preds[k[2]]
                 seen = None if pred is None else pred.observed_at
                 if seen is None or snap.taken_at - seen > limits.explore_after_s:
                     ordered.remove(b)

@@ -67,8 +67,13 @@ def test_state_shows_the_learned_curves_and_acceptance(stack: Stack) -> None:
         assert [p["concurrency"] for p in curve] == [1, 8, 16, 24, 32, 48, 64]
         tpots = [p["tpot_ms"] for p in curve]
         assert tpots == sorted(tpots)  # non-decreasing in concurrency
-        assert sum(p["evidence"] for p in curve) > 0  # learned, not only the prior
+        assert sum(p["evidence"] for p in curve) > 0  # learned from observations
         assert 0 <= model["observed_ago_s"] < 10
+        # The frontier: the most streams seen there (the waves put several at once on each).
+        assert 1 <= model["frontier"] <= 40
+        assert 0 < model["spread"] < 1
+        for p in curve:  # the step time TPOT comes from: TPOT x tokens per step
+            assert p["step_ms"] == pytest.approx(p["tpot_ms"] * model["tokens_per_step"], rel=0.01)
     # Ten times faster engines: v4's TPOT is ~0.6 ms alone, ~2 ms at 40 streams; v3's ~1.4 ms
     # (more on this shared CPU: 2.5 ms per token is a v4 that is not ten times faster).
     assert lat["curve"][0]["tpot_ms"] < 2.5

@@ -1,23 +1,27 @@
-"""The latency model on a virtual clock: it learns a known curve, follows shifts, stays monotone."""
+"""The latency model on a virtual clock: it learns a known curve from nothing, fits the
+engine's roofline, extrapolates within the optimistic and pessimistic bounds past its frontier,
+follows shifts, stays monotone, and measures the spread of requests around it."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from gateway.latency_model import (
+    UNKNOWN,
     AcceptanceRate,
     BackendModel,
     CurveLearner,
     EngineSample,
+    LogSpread,
+    Roofline,
+    beyond,
+    fit_roofline,
     isotonic,
-    prior_prediction,
 )
-from gateway.routing import PolicyParams, Role, Slo
-from gateway.routing.curves import KNOTS, Curve
-
-SLO = Slo(ttft_s=1.0, tpot_s=0.025)
+from gateway.routing.curves import TABLE_MAX, Curve
 
 
 def true_step(n: float) -> float:
@@ -25,8 +29,8 @@ def true_step(n: float) -> float:
     return 0.019 + 0.00005 * n + 0.0006 * max(0.0, n - 24)
 
 
-def flat_prior() -> Curve:
-    return Curve.of(lambda n: 0.010)
+def model() -> BackendModel:
+    return BackendModel(memory=16, halflife_s=3.0, spread=0.1, ridge_max=2048)
 
 
 @pytest.mark.parametrize(
@@ -51,50 +55,124 @@ def test_curve_interpolates_between_knots_and_extends_past_them(n: int, expected
     assert Curve.of(float).at(n) == pytest.approx(expected)
 
 
+def test_a_curve_given_by_its_table_reads_its_knots_from_it() -> None:
+    table = [0.001 * n for n in range(TABLE_MAX + 1)]
+    curve = Curve.tabled(table)
+    assert curve.at(7) == pytest.approx(0.007)
+    assert curve.values[-1] == pytest.approx(0.256)
+    assert curve.at(300) == pytest.approx(0.300)  # straight on past the table
+    with pytest.raises(ValueError, match="table"):
+        Curve(curve.values, table=(1.0, 2.0))
+
+
 def test_learns_a_known_curve_from_noisy_observations() -> None:
     rng = random.Random(1)
-    learner = CurveLearner(flat_prior(), prior_weight=1.0, memory=16)
+    learner = CurveLearner(memory=16)
     for _ in range(4000):
         n = rng.uniform(1, 64)
         learner.observe(n, true_step(n) * rng.uniform(0.9, 1.1))
-    curve = learner.curve()
+    points = dict(learner.points())
     for n in (1, 4, 8, 16, 24, 32, 48, 64):
-        assert curve.at(n) == pytest.approx(true_step(n), rel=0.06), n
-    assert all(a <= b for a, b in zip(curve.values, curve.values[1:], strict=False))
+        assert points[n] == pytest.approx(true_step(n), rel=0.06), n
+    values = list(points.values())
+    assert values == sorted(values)
+
+
+def test_nothing_is_known_before_the_first_observation_which_sets_its_knots() -> None:
+    learner = CurveLearner(memory=16)
+    assert learner.points() == []
+    learner.observe(13, 0.010)  # between the knots 12 and 16: both take it, not 0
+    assert learner.points() == [(12, pytest.approx(0.010)), (16, pytest.approx(0.010))]
+    assert not learner.observe(math.nan, 0.010)
+    assert not learner.observe(8, -1.0)
 
 
 def test_a_shift_is_followed_where_the_engine_runs() -> None:
-    learner = CurveLearner(flat_prior(), prior_weight=1.0, memory=16)
+    learner = CurveLearner(memory=16)
     for _ in range(200):
         learner.observe(16, 0.010)
     for _ in range(40):  # the same load, now twice as slow
         learner.observe(16, 0.020)
-    assert learner.curve().at(16) == pytest.approx(0.020, rel=0.05)
+    assert dict(learner.points())[16] == pytest.approx(0.020, rel=0.05)
 
 
 def test_noise_cannot_make_more_load_look_faster() -> None:
-    learner = CurveLearner(flat_prior(), prior_weight=1.0, memory=16)
+    learner = CurveLearner(memory=16)
     for _ in range(20):
         learner.observe(8, 0.012)
         learner.observe(12, 0.009)  # noisy: faster with more streams
-    curve = learner.curve()
-    assert curve.at(8) <= curve.at(12)
-    assert curve.at(8) == pytest.approx(0.0105, rel=0.05)
+    points = dict(learner.points())
+    assert points[8] <= points[12]
+    assert points[8] == pytest.approx(0.0105, rel=0.05)
 
 
-def test_past_its_data_the_curve_follows_the_prior_scaled_to_the_data() -> None:
-    prior = Curve.of(lambda n: 0.005 + 0.002 * n)
-    learner = CurveLearner(prior, prior_weight=1.0, memory=16)
-    for _ in range(100):
-        learner.observe(8, 0.0105)  # half what the prior says at 8 and 16
-        learner.observe(16, 0.0185)
-    curve = learner.curve()
-    assert curve.at(16) == pytest.approx(0.0185, rel=0.02)
-    # past 16, the prior's shape halved: at 32, 0.069 / 2; not the flat continuation of the
-    # data, which would promise a flat curve where nothing is known
-    assert curve.at(32) == pytest.approx(0.069 / 2, rel=0.03)
-    # below the data, no higher than the data
-    assert curve.at(1) <= curve.at(8)
+@pytest.mark.parametrize(
+    ("truth", "xs"),
+    [
+        (Roofline(0.010), (1, 8, 16)),  # flat
+        (Roofline(0.010, 0.0002), (1, 4, 8, 16, 32)),  # memory-bound, a gentle slope
+        (Roofline(0.019, 0.00005, 0.0006, 24), (1, 8, 16, 24, 32, 48, 64)),  # a knee at 24
+        (Roofline(0.005, 0.0, 0.001, 16), (1, 8, 16, 32, 64)),  # flat, then rising
+    ],
+)
+def test_a_roofline_is_recovered_from_its_points(truth: Roofline, xs: tuple[int, ...]) -> None:
+    fit = fit_roofline([(x, truth.at(x), 1.0) for x in xs])
+    for n in (1, *xs, 2 * xs[-1]):
+        assert fit.at(n) == pytest.approx(truth.at(n), rel=1e-6), n
+
+
+@pytest.mark.parametrize(
+    ("points", "expected"),
+    [
+        ([(4, 0.003, 1.0)], Roofline(0.003)),  # one point: flat
+        ([(4, 0.003, 1.0), (8, 0.002, 1.0)],  # falling
+         Roofline((1 / 0.003 + 1 / 0.002) / (1 / 0.003**2 + 1 / 0.002**2))),
+    ],
+)
+def test_a_roofline_never_falls(points: list[tuple[int, float, float]],
+                                expected: Roofline) -> None:  # fmt: skip
+    fit = fit_roofline(points)
+    assert fit.slope == fit.steeper == 0.0
+    # flat at the mean weighted by 1 / value^2 (relative errors)
+    assert fit.base == pytest.approx(expected.base)
+
+
+def test_fitting_roofs_to_noisy_points_is_robust_to_one_outlier() -> None:
+    xs = (1, 2, 3, 4, 6, 8, 12, 16)
+    rng = random.Random(3)
+    points = [(x, true_step(x) * rng.uniform(0.98, 1.02), 4.0) for x in xs]
+    points[3] = (4, true_step(4) * 1.10, 1.0)  # one knot seen once, and high
+    fit = fit_roofline(points)
+    assert fit.at(16) == pytest.approx(true_step(16), rel=0.03)
+    assert fit.at(16) - fit.at(1) < 0.002  # the slope stays gentle
+
+
+@pytest.mark.parametrize(("n", "frontier", "tokens", "mean", "var"), [
+    # half-way up the prior's span in logs: E[X] = U^2 / 2L, E[X^2] = U^3 / 3L
+    (16, 8, 8.0, math.log(2) ** 2 / (2 * math.log(256)),
+     math.log(2) ** 3 / (3 * math.log(256)) - (math.log(2) ** 2 / (2 * math.log(256))) ** 2),
+    # past the span (n's tokens beyond ridge_max): X uniform on [U - L, U]
+    (256, 1, 8.0, math.log(256) - math.log(256) / 2, math.log(256) ** 2 / 12),
+])  # fmt: skip
+def test_the_doubt_past_the_frontier(n: int, frontier: int, tokens: float, mean: float,
+                                     var: float) -> None:  # fmt: skip
+    line = [0.010] * (TABLE_MAX + 1)
+    table, doubt = beyond(line, frontier, tokens, ridge_max=tokens * 256)
+    assert table[n] == pytest.approx(0.010 * math.exp(mean))
+    assert doubt[n] == pytest.approx(math.sqrt(var))
+
+
+def test_past_the_frontier_the_curve_rises_and_grows_unsure() -> None:
+    line = [0.010 + 0.0001 * n for n in range(TABLE_MAX + 1)]  # the observed line, continued
+    table, doubt = beyond(line, 8, 8.0, 2048.0)
+    assert len(table) == len(doubt) == TABLE_MAX + 1
+    assert table[:9] == line[:9]  # as observed to the frontier, without doubt
+    assert doubt[:9] == [0.0] * 9
+    # one stream past it: nearly the observed line; a doubling: markedly slower, and unsure
+    assert table[9] == pytest.approx(line[9], rel=0.01)
+    assert table[16] > line[16] * 1.03
+    assert 0 < doubt[9] < doubt[16] < doubt[64] < doubt[256]
+    assert table == sorted(table)
 
 
 def test_acceptance_rate_follows_the_counters_with_a_half_life() -> None:
@@ -146,47 +224,104 @@ def _scrape_loop(model: BackendModel, tps: float, running: int, t0: float, secon
 
 
 def test_an_acceptance_drop_moves_the_whole_tpot_curve_within_seconds() -> None:
-    prior = prior_prediction(Role.LATENCY, PolicyParams(), SLO)
-    model = BackendModel(prior, prior_weight=0.25, memory=16, halflife_s=3.0)
+    m = model()
     t = 0.0
     for running in (1, 8, 16, 24, 32, 48):
-        t = _scrape_loop(model, 3.26, running, t, 10.0)
-    before = model.prediction()
+        t = _scrape_loop(m, 3.26, running, t, 10.0)
+    before = m.prediction()
+    assert before.frontier == 48
     assert before.tpot.at(16) == pytest.approx(true_step(16) / 3.26, rel=0.05)
     assert before.tokens_per_step == pytest.approx(3.26, rel=0.01)
     # Acceptance collapses; the engine keeps running 16 streams only. 30 s later:
-    t = _scrape_loop(model, 1.67, 16, t, 30.0)
-    after = model.prediction()
+    t = _scrape_loop(m, 1.67, 16, t, 30.0)
+    after = m.prediction()
     assert after.tokens_per_step == pytest.approx(1.67, rel=0.01)
-    # Knots it did not visit since moved with the acceptance: the step time is the hardware's.
-    for n in (1, 16, 32):
-        assert after.tpot.at(n) == pytest.approx(true_step(n) / 1.67, rel=0.05), n
-    # (48 was learned from the mean of two scrapes' running counts, 32 and 48: a little high)
-    assert after.tpot.at(48) == pytest.approx(true_step(48) / 1.67, rel=0.1)
+    # Where it did not run since, the curve moved with the acceptance: the step time is the
+    # hardware's. (The roofline, fitted to six loads, is within a few percent of the truth.)
+    for n in (1, 16, 32, 48):
+        assert after.tpot.at(n) == pytest.approx(true_step(n) / 1.67, rel=0.08), n
+
+
+def test_nothing_observed_is_unknown() -> None:
+    m = model()
+    assert m.prediction() is UNKNOWN
+    assert not UNKNOWN.known
+    m.observe_request(0.0, None, (1, 0.2))  # a TTFT alone says nothing of TPOT
+    assert not m.prediction().known
+
+
+def test_scrapes_move_the_frontier_by_what_held_through_the_interval() -> None:
+    m = model()
+    m.observe_engine(EngineSample(running=4, itl_sum=0.0, itl_count=0.0), 0.0)
+    m.observe_engine(EngineSample(running=10, itl_sum=0.02 * 50, itl_count=50.0), 0.25)
+    p = m.prediction()
+    assert p.frontier == 4  # 4 at one end, 10 at the other
+    assert p.tpot.at(4) == pytest.approx(0.020)  # learned at the mean, 7: a flat roofline
+    assert p.tpot.at(7) > 0.020  # past the frontier: the ridge may lie anywhere
+    assert p.doubt[7] > 0 == p.doubt[4]
+    m.observe_engine(EngineSample(running=10, itl_sum=0.02 * 100, itl_count=100.0), 0.5)
+    assert m.prediction().frontier == 10
+    # Idle, or a counter that restarted: nothing learned, the frontier stays.
+    m.observe_engine(EngineSample(running=0, itl_sum=0.02 * 100, itl_count=100.0), 0.75)
+    m.observe_engine(EngineSample(running=0, itl_sum=0.0, itl_count=0.0), 1.0)
+    assert m.prediction().frontier == 10
+
+
+def test_past_the_data_the_truth_lies_within_the_doubt() -> None:
+    m = model()
+    for n in range(1, 9):  # 8 streams seen of an engine whose knee is at 24 streams
+        for _ in range(20):
+            m.observe_request(0.0, (float(n), true_step(n)), None)
+    p = m.prediction()
+    assert p.frontier == 8
+    for n in range(1, 9):
+        assert p.tpot.at(n) == pytest.approx(true_step(n), rel=0.02)
+    # Past it, the truth (flat to 24, then steep) within two deviations of the prediction,
+    # the doubt's and the spread's; the prediction rises, and its doubt with it.
+    for n in (9, 12, 16, 24, 32, 48, 64):
+        deviation = math.sqrt(p.doubt[n] ** 2 + p.spread**2)
+        assert abs(math.log(true_step(n) / p.tpot.at(n))) <= 2 * deviation, n
+    assert p.doubt[9] < p.doubt[24] < p.doubt[64]
 
 
 def test_requests_teach_ttft_and_tpot() -> None:
-    prior = prior_prediction(Role.THROUGHPUT, PolicyParams(), SLO)
-    model = BackendModel(prior, prior_weight=1.0, memory=16, halflife_s=3.0)
+    m = model()
     for i in range(50):
-        model.observe_request(float(i), tpot=(20.0, 0.016), ttft=(20, 0.180))
-    p = model.prediction()
+        m.observe_request(float(i), tpot=(20.0, 0.016), ttft=(20, 0.180))
+    p = m.prediction()
+    assert p.frontier == 20
     assert p.tpot.at(20) == pytest.approx(0.016, rel=0.02)
     assert p.ttft.at(20) == pytest.approx(0.180, rel=0.02)
+    assert p.ttft.at(200) == pytest.approx(0.180, rel=0.02)  # flat past its data
     assert p.observed_at == 49.0
     assert p.tokens_per_step == 1.0
     assert p.acceptance is None
 
 
-@pytest.mark.parametrize("role", list(Role))
-def test_the_prior_follows_the_configured_limits(role: Role) -> None:
-    params = PolicyParams(latency_max_concurrency=16, latency_hard_cap=24)
-    lat = prior_prediction(Role.LATENCY, params, SLO).tpot
-    thr = prior_prediction(Role.THROUGHPUT, params, SLO).tpot
-    # the latency tier is faster inside its golden range, even at the cap, slower past it
-    assert lat.at(15) < thr.at(15)
-    assert lat.at(16) == pytest.approx(thr.at(16))
-    assert lat.at(17) > thr.at(17)
-    assert lat.at(24) == pytest.approx(SLO.tpot_s)
-    assert prior_prediction(role, params, SLO).ttft.at(1) < SLO.ttft_s
-    assert len(KNOTS) == len(lat.values)
+@pytest.mark.parametrize(("sigma", "mu"), [(0.02, 0.0), (0.05, 0.03), (0.2, -0.1)])
+def test_the_spread_is_measured_in_logs(sigma: float, mu: float) -> None:
+    rng = random.Random(7)
+    spread = LogSpread(memory=2000, prior=0.1, prior_weight=2.0)
+    for _ in range(3000):
+        spread.observe(math.exp(rng.gauss(mu, sigma)))
+    assert spread.bias == pytest.approx(mu, abs=0.01)
+    assert spread.deviation == pytest.approx(sigma, rel=0.1)
+    spread.observe(0.0)  # not a ratio: ignored
+    spread.observe(math.inf)
+    assert spread.deviation == pytest.approx(sigma, rel=0.1)
+
+
+def test_requests_scattered_around_the_curve_show_their_spread() -> None:
+    rng = random.Random(2)
+    m = model()
+    for _ in range(20):
+        m.observe_request(0.0, (16.0, 0.010), None)
+    m.prediction()  # residuals are read against the curve published last
+    for _ in range(400):
+        m.observe_request(0.0, (16.0, 0.010 * math.exp(rng.gauss(0.0, 0.05))), None)
+    p = m.prediction()
+    assert p.spread == pytest.approx(0.05, rel=0.25)
+    assert abs(p.bias) < 0.02
+    # Streams past what the published curve had seen teach the curve, not the spread.
+    m.observe_request(0.0, (64.0, 0.5), None)
+    assert m.prediction().spread == pytest.approx(p.spread, rel=0.01)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
 import pytest
 
+from gateway.latency_model import UNKNOWN
 from gateway.routing import (
     BackendLoad,
     LoadSnapshot,
@@ -19,25 +21,27 @@ from gateway.routing import (
     build_policy,
 )
 from gateway.routing.curves import KNOTS, Curve, Prediction
-from gateway.routing.learned import Learned, outlook, speed_bands
+from gateway.routing.learned import Learned, first_stream, met, outlook
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
 
 INTERACTIVE = Slo(ttft_s=1.0, tpot_s=0.012)
 STANDARD = Slo(ttft_s=1.0, tpot_s=0.025)
 NOW = 1000.0
+SHARP = 0.001  # a spread so small that a stream meets its SLO exactly when the curve does
 
 
-def eagle(tps: float = 3.26) -> Prediction:
+def eagle(tps: float = 3.26, spread: float = SHARP) -> Prediction:
     """A speculative engine: memory-bound to 24 streams, then steep; TPOT = step / tps."""
     step = Curve.of(lambda n: (0.019 + 0.00005 * n + 0.0006 * max(0, n - 24)) / tps)
     return Prediction(tpot=step, ttft=Curve.of(lambda n: 0.15), tokens_per_step=tps,
-                      observed_at=NOW)  # fmt: skip
+                      observed_at=NOW, spread=spread)  # fmt: skip
 
 
 def awq() -> Prediction:
     """A plain AWQ engine: 14 ms, slowly rising."""
     return Prediction(tpot=Curve.of(lambda n: 0.014 + 0.00005 * n),
-                      ttft=Curve.of(lambda n: 0.16 + 0.001 * n), observed_at=NOW)  # fmt: skip
+                      ttft=Curve.of(lambda n: 0.16 + 0.001 * n), observed_at=NOW,
+                      spread=SHARP)  # fmt: skip
 
 
 def snapshot(l0: BackendLoad, t0: BackendLoad, t1: BackendLoad, tps: float = 3.26,
@@ -57,39 +61,73 @@ def decide(s: LoadSnapshot, slo: Slo = STANDARD, pinned: Role | None = None,
     return urls(d), d.reason
 
 
-def _steps(before: float, after: float) -> Prediction:
+@pytest.mark.parametrize(
+    ("slo", "tpot", "bias", "spread", "p"),
+    [
+        (0.012, 0.012, 0.0, 0.05, 0.5),  # at the curve's mean: one in two
+        (0.012, 0.010, 0.0, 0.001, 1.0),  # well within, a sharp curve
+        (0.012, 0.013, 0.0, 0.001, 0.0),
+        # one deviation (in logs) below the SLO: 84%
+        (0.012, 0.012 * math.exp(-0.05), 0.0, 0.05, 0.8413),
+        # ... but streams run 5% slower than the curve says (bias): one in two again
+        (0.012, 0.012 * math.exp(-0.05), 0.05, 0.05, 0.5),
+    ],
+)
+def test_the_probability_of_meeting_an_slo(slo: float, tpot: float, bias: float, spread: float,
+                                           p: float) -> None:  # fmt: skip
+    pred = Prediction(tpot=Curve.of(lambda n: tpot), ttft=Curve.of(lambda n: 0.1), bias=bias,
+                      spread=spread)  # fmt: skip
+    assert met(math.log(slo), 1, pred) == pytest.approx(p, abs=1e-4)
+    assert met(math.log(slo), 300, pred) == pytest.approx(p, abs=1e-4)  # past the table
+    # The model's own doubt about the curve widens the spread: at one deviation below the SLO
+    # with as much doubt as spread, the chance is Phi(1 / sqrt(2)) = 76%, not 84%.
+    doubtful = replace(pred, doubt=(spread,) * len(pred.log_tpot))
+    if bias == 0.0 and spread == 0.05 and tpot < slo:
+        assert met(math.log(slo), 1, doubtful) == pytest.approx(0.7602, abs=1e-4)
+    instant = Prediction(tpot=Curve.of(lambda n: 0.0), ttft=Curve.of(lambda n: 0.1))
+    assert met(math.log(slo), 1, instant) == 1.0  # an engine with no time per token
+
+
+def _steps(before: float, after: float, spread: float = SHARP) -> Prediction:
     """TPOT `before` at 12 streams, `after` at 13 (the knots are 12 and 16)."""
     curve = Curve(tuple(before if k <= 12 else before + 4 * (after - before) for k in KNOTS))
-    return Prediction(tpot=curve, ttft=Curve.of(lambda n: 0.1))
+    return Prediction(tpot=curve, ttft=Curve.of(lambda n: 0.1), spread=spread)
 
 
 @pytest.mark.parametrize(
-    ("slos", "tpots", "meets", "hurt", "gain"),
+    ("slos", "tpots", "p", "gain"),
     [
         # 12 interactive streams at 10 ms; the 13th keeps them all within 12 ms: +1 stream
-        (((0.012, 12),), (0.010, 0.010), True, 0, 1 / 0.010),
+        (((0.012, 12),), (0.010, 0.010), 1.0, 1 / 0.010),
         # ... the 13th takes them to 13 ms: all 12 pushed past their SLO, and it misses too
-        (((0.012, 12),), (0.010, 0.013), False, 12, -12 / 0.010),
+        (((0.012, 12),), (0.010, 0.013), 0.0, -12 / 0.010),
         # standard streams (25 ms) are not hurt by 13 ms; the interactive request misses
-        (((0.025, 12),), (0.010, 0.013), False, 0, 12 / 0.013 - 12 / 0.010),
-        # mixed: the 4 interactive ones are pushed past 12 ms less the 2% margin (hurt, and the
-        # request does not meet its SLO with the margin), though still predicted within 12 ms:
-        # all 13 count in the gain, the request too
-        (((0.012, 4), (0.025, 8)), (0.011, 0.0119), False, 4, 13 / 0.0119 - 12 / 0.011),
+        (((0.025, 12),), (0.010, 0.013), 0.0, 12 / 0.013 - 12 / 0.010),
+        # mixed: the 4 interactive ones are pushed past 12 ms; 8 standard ones and the request
+        # (interactive, so it misses too) are not
+        (((0.012, 4), (0.025, 8)), (0.011, 0.0125), 0.0, 8 / 0.0125 - 12 / 0.011),
         # streams of unknown SLO (another replica's) are taken to have the request's
-        ((), (0.010, 0.013), False, 12, -12 / 0.010),
+        ((), (0.010, 0.013), 0.0, -12 / 0.010),
     ],
 )
 def test_what_one_more_request_would_do_to_a_backend(
-    slos: tuple[tuple[float, int], ...], tpots: tuple[float, float], meets: bool, hurt: int,
-    gain: float,
+    slos: tuple[tuple[float, int], ...], tpots: tuple[float, float], p: float, gain: float,
 ) -> None:  # fmt: skip
     o = outlook(L0, BackendLoad(running=12, slos=slos), _steps(*tpots), INTERACTIVE,
                 LEARNED.limits)  # fmt: skip
-    assert o.meets is meets
-    assert o.hurt == hurt
+    assert o.p == pytest.approx(p, abs=1e-6)
     assert o.gain == pytest.approx(gain)
     assert not o.full
+    assert not o.ahead
+
+
+def test_at_the_slo_the_gain_counts_streams_by_their_chance() -> None:
+    # The curve sits at 12 ms with and without the request: every stream meets it one time in
+    # two, the request too: the expected output of 13 half-streams against 12.
+    o = outlook(L0, BackendLoad(running=12, slos=((0.012, 12),)), _steps(0.012, 0.012, 0.05),
+                INTERACTIVE, LEARNED.limits)  # fmt: skip
+    assert o.p == pytest.approx(0.5)
+    assert o.gain == pytest.approx(0.5 / 0.012)
 
 
 @pytest.mark.parametrize(
@@ -105,13 +143,21 @@ def test_what_one_more_request_would_do_to_a_backend(
         (63, STANDARD, T0, Reason.PREDICTED_SLO_MET),
     ],
 )
-def test_fastest_backend_predicted_to_meet_the_slo_goes_first(
+def test_the_backend_where_the_request_adds_most_goes_first(
     lat_load: int, slo: Slo, first: object, reason: str
 ) -> None:
     order, why = decide(snapshot(load(lat_load), load(0), load(1)), slo)
     assert order[0] == first.url  # type: ignore[attr-defined]
     assert why == reason
     assert sorted(order) == sorted(names(L0, T0, T1))  # every backend is in the failover order
+
+
+def test_both_tiers_meeting_the_slo_the_faster_one_keeps_filling_before_its_knee() -> None:
+    # EAGLE at 16 streams (6.1 ms) and an idle AWQ (14 ms) both meet 25 ms: one more stream on
+    # EAGLE adds more output per second than one on AWQ (goodput, not the SLO, decides).
+    order, why = decide(snapshot(load(16), load(0), load(0)), STANDARD)
+    assert order[0] == L0.url
+    assert why == Reason.PREDICTED_SLO_MET
 
 
 def test_where_nothing_meets_the_slo_the_request_goes_where_output_is_lost_least() -> None:
@@ -132,26 +178,33 @@ def test_low_acceptance_sends_nothing_to_the_latency_tier() -> None:
     assert why == Reason.PREDICTED_SLO_MET
 
 
-def test_high_acceptance_keeps_the_latency_tier_past_48_streams() -> None:
-    order, _ = decide(snapshot(load(48), load(20), load(20), tps=5.0), STANDARD)
-    assert order[0] == L0.url
+@pytest.mark.parametrize(("tps", "first"), [(5.0, Role.LATENCY), (1.5, Role.THROUGHPUT)])
+def test_acceptance_decides_how_far_the_latency_tier_fills(tps: float, first: Role) -> None:
+    # 22 streams, before the step's knee at 24: accepting 5 tokens a step, one more stream there
+    # adds more than a first one on an idle AWQ; accepting 1.5, less.
+    d = LEARNED(RouteRequest(MODEL, slo=STANDARD), snapshot(load(22), load(0), load(0), tps=tps),
+                RouterState(), random.Random(0))  # fmt: skip
+    assert d.primary is not None
+    assert d.primary.role is first
 
 
 def test_a_request_that_would_push_running_streams_past_their_slo_goes_elsewhere() -> None:
-    # The most interactive streams EAGLE holds within 12 ms less the 2% margin, from the curve.
-    curve = eagle().tpot
-    room = INTERACTIVE.tpot_s * (1 - QUIET.slo_margin)
-    edge = next(n for n in range(1, 200) if curve.at(n + 1) > room)
+    # The most interactive streams EAGLE holds within 12 ms, from the curve.
+    pred = eagle()
+    edge = next(n for n in range(1, 200) if pred.tpot.at(n + 1) > INTERACTIVE.tpot_s)
     assert 40 < edge < 64
     running = BackendLoad(running=edge, slos=((INTERACTIVE.tpot_s, edge),))
     # A standard request would fit EAGLE's 25 ms, but would push the interactive ones past 12.
     order, why = decide(snapshot(running, load(30), load(30)), STANDARD)
     assert order[0] != L0.url
     assert why == Reason.PREDICTED_SLO_MET  # AWQ meets the standard SLO without harm
-    # One stream fewer, and it joins EAGLE.
-    fewer = BackendLoad(running=edge - 1, slos=((INTERACTIVE.tpot_s, edge - 1),))
-    order, _ = decide(snapshot(fewer, load(30), load(30)), STANDARD)
-    assert order[0] == L0.url
+    pushed = outlook(L0, running, pred, STANDARD, LEARNED.limits)
+    assert pushed.p == 1.0  # the request itself would meet 25 ms, but every other stream is lost
+    assert pushed.gain < -(edge // 2) / pred.tpot.at(edge)
+    # Two streams fewer, and no one is pushed (the curve then stays 1.5% within 12 ms): the
+    # request adds its own output, less what it slows the others.
+    fewer = BackendLoad(running=edge - 2, slos=((INTERACTIVE.tpot_s, edge - 2),))
+    assert 0 < outlook(L0, fewer, pred, STANDARD, LEARNED.limits).gain < 1 / pred.tpot.at(edge)
 
 
 def test_predicted_ttft_far_past_the_slo_is_full_and_admission_holds() -> None:
@@ -179,9 +232,54 @@ def test_no_backend() -> None:
     assert decide(s) == ([], Reason.NO_BACKEND)
 
 
-def test_a_backend_without_predictions_is_ranked_after_the_modelled_ones() -> None:
-    s = LoadSnapshot((L0, T0), {L0.url: load(0), T0.url: load(50)}, NOW, {T0.url: awq()})
-    assert decide(s)[0] == [T0.url, L0.url]
+# -- where nothing is known yet ----------------------------------------------------------------
+def _cold(l0: BackendLoad, t0: BackendLoad, t1: BackendLoad,
+          known: dict[str, Prediction] | None = None) -> LoadSnapshot:  # fmt: skip
+    curves = dict.fromkeys((L0.url, T0.url, T1.url), UNKNOWN) | (known or {})
+    return LoadSnapshot((L0, T0, T1), {L0.url: l0, T0.url: t0, T1.url: t1}, NOW, curves)
+
+
+def test_a_cold_start_tries_the_latency_tier_first() -> None:
+    for seed in range(20):
+        order, why = decide(_cold(load(0), load(0), load(0)), INTERACTIVE, seed=seed)
+        assert order[0] == L0.url
+        assert why == Reason.FRONTIER
+
+
+def test_one_stream_at_a_time_where_nothing_is_known() -> None:
+    # The latency backend has a stream and nothing observed yet: the next goes elsewhere.
+    order, why = decide(_cold(load(1), load(0), load(0)), INTERACTIVE)
+    assert order[0] in (T0.url, T1.url)
+    assert why == Reason.FRONTIER
+
+
+def test_a_known_backend_that_meets_the_slo_keeps_a_lone_user_from_exploring() -> None:
+    # EAGLE known and idle, the pool unknown: a first stream on EAGLE is as good as the best an
+    # unknown backend could offer, and known: it goes first (a single user stays on EAGLE).
+    s = _cold(load(0), load(0), load(0), {L0.url: eagle()})
+    assert decide(s, INTERACTIVE) == ([L0.url, *decide(s, INTERACTIVE)[0][1:]],
+                                      Reason.PREDICTED_SLO_MET)  # fmt: skip
+    # With streams on EAGLE, one more adds less than a first stream would elsewhere: explore.
+    order, why = decide(_cold(load(4), load(0), load(0), {L0.url: eagle()}), INTERACTIVE)
+    assert order[0] in (T0.url, T1.url)
+    assert why == Reason.FRONTIER
+
+
+def test_the_first_stream_value_of_the_known_backends() -> None:
+    pred = eagle()
+    assert first_stream([UNKNOWN, pred, None], STANDARD) == pytest.approx(1 / pred.tpot.at(1))
+    assert first_stream([UNKNOWN, None], STANDARD) == math.inf
+
+
+def test_past_the_frontier_a_request_explores() -> None:
+    seen8 = replace(eagle(), frontier=8)
+    s = LoadSnapshot((L0, T0), {L0.url: load(8), T0.url: load(30)}, NOW,
+                     {L0.url: seen8, T0.url: awq()})  # fmt: skip
+    order, why = decide(s, STANDARD)
+    assert order[0] == L0.url
+    assert why == Reason.FRONTIER
+    s = replace(s, loads={L0.url: load(7), T0.url: load(30)})
+    assert decide(s, STANDARD) == ([L0.url, T0.url], Reason.PREDICTED_SLO_MET)
 
 
 def test_exploration_tries_a_backend_not_observed_lately() -> None:
@@ -222,23 +320,30 @@ def test_an_engine_with_no_time_per_token_is_ranked_not_a_crash() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tpots", "bands"),
+    ("t0", "t1", "first"),
     [
-        ([], []),
-        ([0.014], [0]),
-        ([0.014, 0.0145, 0.006], [1, 1, 0]),  # two AWQ engines alike, EAGLE faster
-        ([0.0140, 0.0146, 0.0152], [0, 0, 1]),  # 5% from the band's first, not chained on
-        ([0.020, 0.010, 0.0104, 0.0109], [2, 0, 0, 1]),
+        # flat curves: one more stream slows no one, so the faster engine adds most, loaded or not
+        ((0.0140, 0.0), (0.0144, 0.0), T0),
+        # the same engine, rising 1% a stream: the less loaded adds most (its streams lose least)
+        ((0.0140, 0.00014), (0.0140, 0.00014), T1),
     ],
 )
-def test_speed_bands(tpots: list[float], bands: list[int]) -> None:
-    assert speed_bands(tpots) == bands
-
-
-def test_alike_backends_go_by_load_even_across_a_band_edge_of_their_own() -> None:
-    # Two AWQ engines the model sees 3% apart: the less loaded goes first, not the "faster".
-    slow = Prediction(tpot=Curve.of(lambda n: 0.0144), ttft=Curve.of(lambda n: 0.1))
-    fast = Prediction(tpot=Curve.of(lambda n: 0.0140), ttft=Curve.of(lambda n: 0.1))
+def test_alike_backends(t0: tuple[float, float], t1: tuple[float, float], first: object) -> None:
+    c0 = Prediction(tpot=Curve.of(lambda n: t0[0] + t0[1] * n), ttft=Curve.of(lambda n: 0.1))
+    c1 = Prediction(tpot=Curve.of(lambda n: t1[0] + t1[1] * n), ttft=Curve.of(lambda n: 0.1))
     s = LoadSnapshot((T0, T1), {T0.url: load(5), T1.url: load(1)}, NOW,
-                     {T0.url: fast, T1.url: slow})  # fmt: skip
-    assert decide(s)[0] == [T1.url, T0.url]
+                     {T0.url: c0, T1.url: c1})  # fmt: skip
+    assert decide(s)[0][0] == first.url  # type: ignore[attr-defined]
+
+
+def test_where_nothing_is_to_be_gained_load_decides() -> None:
+    # Neither backend can meet 1 ms, and neither has streams to lose: the less loaded first,
+    # not whichever rounding favours.
+    flat = Prediction(tpot=Curve.of(lambda n: 0.014), ttft=Curve.of(lambda n: 0.1), spread=SHARP)
+    tight = Slo(ttft_s=1.0, tpot_s=0.001)
+    for loads in ((load(5), load(1)), (load(1), load(5))):
+        s = LoadSnapshot((T0, T1), {T0.url: loads[0], T1.url: loads[1]}, NOW,
+                         {T0.url: flat, T1.url: flat})  # fmt: skip
+        order, why = decide(s, tight)
+        assert order[0] == (T1.url if loads[0].running > loads[1].running else T0.url)
+        assert why == Reason.HEADROOM
