@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -75,16 +74,24 @@ def bench_calibrate(
     run(profiles or None, requests_per_user=requests_per_user, out=out, report=report)
 
 
-class Deployment(StrEnum):
-    LITTLE = "little"
-    TUTORIAL = "tutorial"
-    A_LOT = "a-lot"
-    SHIFT = "shift"
+def _deployments(values: list[str] | None) -> list[str] | None:
+    from loadtests.deployments import DEPLOYMENTS
+
+    for v in values or ():
+        if v not in DEPLOYMENTS:
+            raise typer.BadParameter(f"unknown deployment {v}; choose from "
+                                     f"{', '.join(DEPLOYMENTS)}")  # fmt: skip
+    return values
 
 
-class SloClass(StrEnum):
-    INTERACTIVE = "interactive"
-    STANDARD = "standard"
+def _slo_classes(values: list[str] | None) -> list[str] | None:
+    from loadtests.deployments import SLO_CLASSES
+
+    for v in values or ():
+        if v not in SLO_CLASSES:
+            raise typer.BadParameter(f"unknown SLO class {v}; choose from "
+                                     f"{', '.join(SLO_CLASSES)}")  # fmt: skip
+    return values
 
 
 @bench.command("routing")
@@ -102,18 +109,24 @@ def bench_routing(
         ),
     ] = None,
     deployment: Annotated[
-        list[Deployment] | None,
+        list[str] | None,
         typer.Option(
-            help="Latency instance: little (v4-low, EAGLE accepting little), tutorial (v4), "
-            "a-lot (v4-high), shift (v4, acceptance x 0.55 from the middle phase). Repeat for "
-            "several, each a report of its own (default: tutorial)."
+            callback=_deployments,
+            help="Deployments (loadtests/deployments.py): little, tutorial, a-lot, shift (the "
+            "tutorial's A100 engines: EAGLE accepting little, as the tutorial, a lot, dropping "
+            "halfway), knee-32, knee-48, knee-64, knee-96, eagle-worse, two-latency, "
+            "unlike-pool (H200-like: EAGLE crossing AWQ at about that many streams, or never "
+            "helping, two EAGLE instances, an AWQ and a bf16 instance in the pool). Repeat for "
+            "several, each a report of its own (default: tutorial).",
         ),
     ] = None,
     slo_class: Annotated[
-        list[SloClass] | None,
+        list[str] | None,
         typer.Option(
-            help="Run with every request in this SLO class: interactive (TTFT <= 1 s, TPOT <= "
-            "12 ms) or standard (<= 25 ms); repeat for several. Default: --slo-ttft/--slo-tpot."
+            callback=_slo_classes,
+            help="Run with every request in this SLO class: tight (TTFT <= 1 s, TPOT <= 4 ms), "
+            "interactive (<= 12 ms) or standard (<= 25 ms); repeat for several. Default: "
+            "--slo-ttft/--slo-tpot.",
         ),
     ] = None,
     oracle_limit: Annotated[
@@ -153,23 +166,24 @@ def bench_routing(
         bool, typer.Option(help="Install a missing peer router (--no-install: skip it).")
     ] = True,
 ) -> None:
-    """Compare the routing policies on simulated deployments (1 EAGLE-3 latency + 2 x v3
-    throughput instances): step and burst shapes, per phase TTFT/TPOT p50/p99, tok/s and
+    """Compare the routing policies on simulated deployments (EAGLE-3 latency instances and
+    an AWQ pool, over HTTP): step and burst shapes, per phase TTFT/TPOT p50/p99, tok/s and
     goodput; the learned policy against golden-range and the oracle (best fixed limit), and
     optionally against peer routers (vLLM's router, SGLang's model gateway) and their
     policies."""
+    from loadtests.deployments import SLO_CLASSES
     from loadtests.phases import Slo
-    from loadtests.routing import PEER_POLICIES, POLICIES, SLO_CLASSES, run
+    from loadtests.routing import PEER_POLICIES, POLICIES, run
 
     specs = tuple(dict.fromkeys([*(PEER_POLICIES if peers else ()), *(peer or ())]))
     _logging("warning")
-    classes = {c.value: SLO_CLASSES[c.value] for c in slo_class or ()}
-    combos = [(d.value, c, s) for d in deployment or [Deployment.TUTORIAL]
+    classes = {c: SLO_CLASSES[c] for c in slo_class or ()}
+    combos = [(d, c, s) for d in deployment or ["tutorial"]
               for c, s in (classes or {"": Slo(slo_ttft, slo_tpot)}).items()]  # fmt: skip
     for dep, cls, slo in combos:
         # Only the default deployment and SLO write routing.*: a single other one must not
         # overwrite it.
-        plain = dep == Deployment.TUTORIAL.value and not cls
+        plain = dep == "tutorial" and not cls
         name = "routing" if plain else "-".join(x for x in ("routing", dep, cls) if x)
         name += "-peers" if specs else ""  # nor a run with peers
         run(

@@ -19,7 +19,7 @@ import aiohttp
 from loadtests.client import Result, prompt_of, stream_completion
 from loadtests.summarize import percentile
 
-STEP: tuple[int, ...] = (1, 16, 32, 64, 16, 1)
+STEP: tuple[int, ...] = (1, 8, 16, 32, 64, 16)
 BURST: tuple[int, ...] = (8, 64, 8, 64, 8)
 SHAPES = {"step": STEP, "burst": BURST}
 

@@ -7,7 +7,7 @@ two v3 (AWQ) throughput instances; one gateway per policy in front of the same e
 best of them is the oracle, the best fixed limit for that deployment and shape). Every request
 carries the run's SLO in x-tiergate-slo-* headers, which the learned policy routes by.
 
-The step shape (1 -> 16 -> 32 -> 64 -> 16 -> 1 users) and the burst
+The step shape (1 -> 8 -> 16 -> 32 -> 64 -> 16 users) and the burst
 shape (8 users with spikes to 64) run once per policy, the policies alternating (their order
 rotates every round) and the engines drained between runs. Per phase: TTFT and TPOT p50/p99,
 output tokens/s, and goodput: requests per second that met every SLO (default TTFT <= 1 s and
@@ -31,7 +31,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from engines.sim.profile import load_profile
 from gateway.routing import POLICY_NAMES, PolicyName
+from loadtests.deployments import DEPLOYMENTS
 from loadtests.peerenv import PEERS, PeerProcess, default_venv, ensure, scrub
 from loadtests.phases import SHAPES, PhaseStats, Run, Slo, phase_stats, run_phases
 from loadtests.stack import MODEL, Stack, add_gateway, start_stack
@@ -48,7 +50,6 @@ POLICIES = POLICY_NAMES
 GOLDEN: PolicyName = "golden-range"
 LEARNED: PolicyName = "learned"
 ORACLE_PREFIX = "limit-"
-SLO_CLASSES = {"interactive": Slo(1.0, 0.012), "standard": Slo(1.0, 0.025)}
 # The peer routers' policies compared by `--peers`: each router's load-aware one and its default.
 PEER_POLICIES = ("vllm-router:power_of_two", "vllm-router:cache_aware", "smg:cache_aware",
                  "smg:power_of_two")  # fmt: skip
@@ -64,29 +65,15 @@ def peer_spec(spec: str) -> tuple[str, str]:
     return router, policy
 
 
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    latency_profile: str
-    shift_scale: float | None = None  # acceptance x this from the middle phase on
-
-
-DEPLOYMENTS = {
-    "little": Deployment("v4-low"),
-    "tutorial": Deployment("v4"),
-    "a-lot": Deployment("v4-high"),
-    "shift": Deployment("v4", shift_scale=0.55),
-}
-
-
 def oracle_policy(limit: int) -> dict[str, Any]:
     """golden-range with the latency tier taking work below exactly `limit` streams."""
     return {"name": GOLDEN, "latency_max_concurrency": limit, "latency_hard_cap": limit,
             "hysteresis": 0}  # fmt: skip
 
 
-def _acceptance(sim_url: str, scale: float) -> None:
+def _acceptance(sim_url: str, vector: Sequence[float]) -> None:
     req = urllib.request.Request(
-        sim_url + "/sim/speculative", data=json.dumps({"scale": scale}).encode(),
+        sim_url + "/sim/speculative", data=json.dumps({"acceptance": list(vector)}).encode(),
         headers={"content-type": "application/json"}, method="POST",
     )  # fmt: skip
     with urllib.request.urlopen(req, timeout=5) as r:
@@ -200,15 +187,23 @@ def run(
     splits: dict[tuple[str, str], list[list[tuple[int, int]]]] = {}  # peers: per run, per phase
     started: dict[str, PeerProcess] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-routing-") as tmp:
-        stack = start_stack(Path(tmp), latency=1, throughput=2, speedup=speedup, gateways=0,
-                            latency_profile=dep.latency_profile)  # fmt: skip
-        lat_url = stack.latency[0].url
+        stack = start_stack(Path(tmp), speedup=speedup, gateways=0,
+                            latency_profile=dep.latency, throughput_profile=dep.throughput)
+        # The shift (the vector, and the phase it starts), and each engine's own vector back.
+        shift = dep.shifts(1.0)
+        own = [load_profile(p).speculative for p in dep.latency]
+
+        def shifted(vector: Sequence[float] | None = None) -> None:
+            for sim, spec in zip(stack.latency, own, strict=True):
+                if spec is not None:
+                    _acceptance(sim.url, vector or spec.acceptance)
 
         async def on_phase(phase: int, shape: str, counts: list[tuple[int, int]] | None) -> None:
             if counts is not None:
                 counts.append(await asyncio.to_thread(_split, stack))
-            if dep.shift_scale is not None and phase == len(SHAPES[shape]) // 2:
-                await asyncio.to_thread(_acceptance, lat_url, dep.shift_scale)
+            for at, vector in shift:
+                if phase == int(at * len(SHAPES[shape])):
+                    await asyncio.to_thread(shifted, vector)
 
         try:
             gateways = {
@@ -230,8 +225,8 @@ def run(
                         for policy in order:
                             progress.update(task, description=f"{shape} / {policy}")
                             _wait_idle(stack)
-                            if dep.shift_scale is not None:
-                                _acceptance(lat_url, 1.0)
+                            if shift:
+                                shifted()
                             counts: list[tuple[int, int]] | None = (
                                 [] if policy in started else None)  # fmt: skip
                             at_phase = functools.partial(on_phase, shape=shape, counts=counts)
@@ -250,8 +245,10 @@ def run(
                 peer.stop()
             stack.stop()
     report = _report(runs, shapes, policies, slo, speedup, splits)
-    report["deployment"] = {"name": deployment, "latency_profile": dep.latency_profile,
-                            "shift_scale": dep.shift_scale, "slo_class": slo_class}  # fmt: skip
+    report["deployment"] = {"name": deployment, "latency": list(dep.latency),
+                            "throughput": list(dep.throughput), "about": dep.about,
+                            "shift": list(dep.shift) if dep.shift else None,
+                            "slo_class": slo_class}  # fmt: skip
     if peers:
         report["peers"] = {"asked": list(peers), "ran": list(started), "versions": versions,
                            "notes": notes}  # fmt: skip
@@ -456,8 +453,8 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
               ) -> str:  # fmt: skip
     phase_s, rounds, speedup = how
     dep = report["deployment"]
-    shift = (f"; its acceptance x {dep['shift_scale']:g} from the middle phase on"
-             if dep["shift_scale"] is not None else "")  # fmt: skip
+    shift = (f"; their acceptance becomes {dep['shift'][1]}'s at {dep['shift'][0]:.0%} of a run"
+             if dep["shift"] else "")  # fmt: skip
     ran = list(report["shapes"][next(iter(report["shapes"]))]["policies"])
     oracle = [p for p in ran if p.startswith(ORACLE_PREFIX)]
     ours = [p for p in ran if p in POLICIES]
@@ -478,8 +475,9 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
         f" --phase-seconds {phase_s:g}"
         f" --rounds {rounds}{f' --speedup {speedup:g}' if speedup != 1 else ''}"
         f"{''.join(f' --oracle-limit {p[len(ORACLE_PREFIX) :]}' for p in oracle)}{flags}`  ",
-        f"Date: {time.strftime('%Y-%m-%d')}. Deployment: 1 x {dep['latency_profile']} (EAGLE-3)"
-        f" latency{shift} + 2 x v3 (AWQ) throughput simulators, one gateway per policy, policies"
+        f"Date: {time.strftime('%Y-%m-%d')}. Deployment ({dep['about']}): "
+        f"{' + '.join(dep['latency'])} (EAGLE-3) latency simulators{shift}, "
+        f"{' + '.join(dep['throughput'])} throughput, one gateway per policy, policies"
         " alternating; `limit-L`: golden-range with the latency tier capped at L streams.  ",
         f"SLO: TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s * 1000:g} ms. Goodput = SLO-met "
         "requests per second; `n` = requests finished in the phase (the sample count); "

@@ -3,6 +3,7 @@ benchmarks)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,18 +79,22 @@ def start_stack(
     env: dict[str, str] | None = None,
     latency_args: tuple[str, ...] = (),
     throughput_args: tuple[str, ...] = (),
-    latency_profile: str = "v4",
-    throughput_profile: str = "v3",
+    latency_profile: str | Sequence[str] = "v4",
+    throughput_profile: str | Sequence[str] = "v3",
     **settings: Any,
 ) -> Stack:
+    """`latency` (`throughput`) simulators of the profile, or one per profile if given several."""
     args = ["--speedup", str(speedup)]
     stack = Stack([], [])
+    lat = [latency_profile] * latency if isinstance(latency_profile, str) else latency_profile
+    thr = ([throughput_profile] * throughput if isinstance(throughput_profile, str)
+           else throughput_profile)  # fmt: skip
     try:
-        for _ in range(latency):
-            sim = SimProcess(profile=latency_profile, args=[*args, *latency_args])
+        for profile in lat:
+            sim = SimProcess(profile=profile, args=[*args, *latency_args])
             stack.latency.append(sim.start())
-        for _ in range(throughput):
-            sim = SimProcess(profile=throughput_profile, args=[*args, *throughput_args])
+        for profile in thr:
+            sim = SimProcess(profile=profile, args=[*args, *throughput_args])
             stack.throughput.append(sim.start())
         for i in range(gateways):
             add_gateway(stack, workdir, f"gateway-{i}", env, **settings)

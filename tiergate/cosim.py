@@ -69,7 +69,7 @@ _STEP_END, _ARRIVE, _SHIFT, _SCRAPE, _PHASE = range(5)
 class RunSpec:
     """One run: a deployment, a load shape, an SLO class, a policy, a seed."""
 
-    latency: str  # the latency engine's profile
+    latency: tuple[str, ...]  # the latency tier's profiles, one engine each
     throughput: tuple[str, ...]  # the throughput pool's profiles
     users: tuple[int, ...]  # users per phase
     phase_s: float
@@ -77,7 +77,7 @@ class RunSpec:
     policy: str
     params: PolicyParams = field(default_factory=PolicyParams)
     seed: int = 0
-    # (virtual second, acceptance vector): the latency engine's workload changes then.
+    # (virtual second, acceptance vector): the latency engines' workload changes then.
     shifts: tuple[tuple[float, tuple[float, ...]], ...] = ()
     prompt_tokens: int = 50
     output_tokens: int = 256
@@ -94,6 +94,7 @@ class Done:
     """One finished request, as the client saw it."""
 
     phase: int | None  # None: finished after the last phase (drained, not counted)
+    at: float  # when it finished (virtual s)
     role: Role
     ttft: float
     tpot: float
@@ -186,7 +187,10 @@ class _Sim:
         self.now = 0.0
         self.events: list[tuple[float, int, int, Any]] = []
         self._n = 0
-        urls = [("http://latency-0.sim", "latency", Role.LATENCY, spec.latency)] + [
+        urls = [
+            (f"http://latency-{i}.sim", "latency", Role.LATENCY, p)
+            for i, p in enumerate(spec.latency)
+        ] + [
             (f"http://throughput-{i}.sim", "throughput", Role.THROUGHPUT, p)
             for i, p in enumerate(spec.throughput)
         ]
@@ -260,7 +264,8 @@ class _Sim:
                 req.engine.sched.add(req.seq)
                 self.dirty.add(req.engine)
             elif kind == _SHIFT:
-                self.engines[0].sched.acceptance = payload
+                for e in self.engines[: len(spec.latency)]:
+                    e.sched.acceptance = payload
             elif kind == _SCRAPE:
                 self.scrape()
             else:
@@ -335,7 +340,9 @@ class _Sim:
         end = self.spec.duration
         phase = int(now // self.spec.phase_s) if now < end else None
         met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
-        self.done.append(Done(phase, entry.backend.role, ttft, tpot, met, ex.decision.reason))
+        self.done.append(
+            Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason)
+        )
         self.busy_users.discard(req.user)
         if req.user < self.wanted:
             self.send(req.user)

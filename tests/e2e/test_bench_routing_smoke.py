@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from loadtests.deployments import DEPLOYMENTS
 from loadtests.phases import STEP, Slo
 from loadtests.routing import run
 
@@ -54,8 +55,9 @@ def test_learned_against_the_oracle_on_a_shifting_deployment(tmp_path: Path) -> 
         output_tokens=32, out_dir=tmp_path, slo=Slo(1.0, 0.012), console=Console(width=200),
         deployment="shift", oracle_limits=(4, 16), name="routing-shift-interactive",
     )  # fmt: skip
-    assert report["deployment"] == {"name": "shift", "latency_profile": "v4", "shift_scale": 0.55,
-                                    "slo_class": ""}  # fmt: skip
+    assert report["deployment"] == {
+        "name": "shift", "latency": ["v4"], "throughput": ["v3", "v3"], "shift": [0.5, "v4-low"],
+        "about": DEPLOYMENTS["shift"].about, "slo_class": ""}  # fmt: skip
     burst = report["shapes"]["burst"]
     assert set(burst["policies"]) == {"learned", "golden-range", "limit-4", "limit-16"}
     # a cap of 4 streams keeps the latency tier at 4: more than that went to the pool

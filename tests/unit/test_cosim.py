@@ -16,7 +16,19 @@ from gateway.routing import PolicyParams, Reason, Role, Slo
 from tiergate.cli import app
 from tiergate.cosim import RunSpec, simulate
 from tiergate.decision_cost import decision_alone, snapshot
-from tiergate.study import ORACLE_LIMITS, arms, converged_after, oracle_arm, true_tpot, verdict
+from tiergate.study import (
+    DEPLOYMENTS,
+    ORACLE_LIMITS,
+    SLO_CLASSES,
+    Options,
+    arms,
+    cells_of,
+    converged_after,
+    oracle_arm,
+    settled_at,
+    true_tpot,
+    verdict,
+)
 
 STANDARD = Slo(1.0, 0.025)
 SMALL = (2, 8, 3)
@@ -24,7 +36,7 @@ SMALL = (2, 8, 3)
 
 def spec(policy: str = "learned", **kw: object) -> RunSpec:
     base: dict[str, object] = {
-        "latency": "v4", "throughput": ("v3", "v3"), "users": SMALL, "phase_s": 4.0,
+        "latency": ("v4",), "throughput": ("v3", "v3"), "users": SMALL, "phase_s": 4.0,
         "slo": STANDARD, "policy": policy,
     }  # fmt: skip
     return RunSpec(**{**base, **kw})  # type: ignore[arg-type]
@@ -84,7 +96,7 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another() -> None:
 def test_an_acceptance_shift_reaches_the_engine_and_the_model() -> None:
     low = load_profile("v4-low").speculative
     assert low is not None
-    r = simulate(spec(users=(12,) * 4, shifts=((4.0, low.acceptance),), trace=True))
+    r = simulate(spec(users=(32,) * 4, shifts=((4.0, low.acceptance),), trace=True))
     before = [p.tokens_per_step for p in r.trace if 3.0 <= p.t < 4.0]
     after = [p.tokens_per_step for p in r.trace if 7.0 <= p.t < 8.0]
     assert min(before) > 2.8  # v4: 3.26 tokens per step
@@ -129,11 +141,13 @@ def test_the_command_writes_the_report(tmp_path: Path) -> None:
     alone = report["decision_alone"]
     assert alone["inflight"] == 64
     assert set(alone["policies"]) == {"learned", "golden-range", "least-loaded"}
-    for cost in alone["policies"].values():
-        assert 0 < cost["p50_us"] <= cost["p99_us"]
-        assert cost["samples"] == 100_000
+    for by_size in alone["policies"].values():
+        assert set(by_size) == {"3", "16"}
+        for cost in by_size.values():
+            assert 0 < cost["p50_us"] <= cost["p99_us"]
+            assert cost["samples"] == 100_000
     md = (tmp_path / "routing-sim.md").read_text()
-    assert "`learned` alone: p50" in md
+    assert "`learned` alone, 16 backends: p50" in md
     assert "--deployment tutorial --shape burst --slo interactive --out DIR" in md
     assert str(tmp_path) not in md
 
@@ -145,12 +159,53 @@ def test_the_command_refuses_an_unknown_deployment() -> None:
 
 
 def test_the_decision_snapshot_is_the_stated_load() -> None:
-    snap = snapshot(PolicyParams(), Slo())
+    snap = snapshot(3)
     assert sum(snap.load(b.url).effective for b in snap.backends) == 64
     assert [b.role for b in snap.backends] == [Role.LATENCY, Role.THROUGHPUT, Role.THROUGHPUT]
-    assert all(b.url in snap.curves for b in snap.backends)  # the learned policy reads them
+    assert all(snap.curves[b.url].known for b in snap.backends)  # the learned policy reads them
+    wide = snapshot(16)
+    assert sum(wide.load(b.url).effective for b in wide.backends) == 64
+    assert [b.role for b in wide.backends].count(Role.LATENCY) == 2
     cost = decision_alone(("learned", "golden-range"), rounds=2, per_round=50)
-    assert {name: c["samples"] for name, c in cost["policies"].items()} == {
-        "learned": 100,
-        "golden-range": 100,
-    }
+    assert {name: {size: c["samples"] for size, c in by_size.items()}
+            for name, by_size in cost["policies"].items()} == {
+        "learned": {"3": 100, "16": 100},
+        "golden-range": {"3": 100, "16": 100},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "settled"),
+    [
+        ([100, 100, 100], [100, 100, 100], 0.0),
+        ([10, 100, 100], [100, 100, 100], 10.0),  # short of 95% by more than the noise at first
+        ([100, 10, 100], [100, 100, 100], 20.0),  # ... falling behind later starts again
+        ([100, 100, 10], [100, 100, 100], None),  # behind in the last window: never
+        ([90, 90, 90], [100, 100, 100], 0.0),  # 95 - 2 sqrt(190) = 67: within the noise
+    ],
+)
+def test_when_learned_settles_against_the_oracle(
+    mine: list[int], theirs: list[int], settled: float | None
+) -> None:
+    assert settled_at(mine, theirs, 0.95) == settled
+
+
+def test_each_deployment_runs_its_own_slo_classes() -> None:
+    opts = Options(deployments=("tutorial", "knee-64"), shapes=("step",))
+    assert cells_of(opts) == [("tutorial", "step", "interactive"), ("tutorial", "step", "standard"),
+                              ("knee-64", "step", "tight"), ("knee-64", "step", "standard")]
+    only = Options(deployments=("tutorial", "knee-64"), shapes=("step",), slos=("standard",))
+    assert [c[0] for c in cells_of(only)] == ["tutorial", "knee-64"]
+    for name, d in DEPLOYMENTS.items():
+        assert set(d.slos) <= set(SLO_CLASSES), name
+        for profile in (*d.latency, *d.throughput):
+            load_profile(profile)  # every profile exists
+    assert "power-of-two" in {a.policy for a in arms()}
+
+
+def test_a_latency_tier_of_two_engines_uses_both() -> None:
+    r = simulate(spec(latency=("v4", "v4"), users=(24,) * 2))
+    latency = [u for u, role in r.roles.items() if role is Role.LATENCY]
+    assert latency == ["http://latency-0.sim", "http://latency-1.sim"]
+    assert all(r.phase_load[1][u] > 1 for u in latency)
+    assert r.inflight_left == 0
