@@ -32,14 +32,17 @@ def study_command(
     seeds: Annotated[int, typer.Option(help="Seeds per cell and policy.")] = 6,
     deployment: Annotated[
         list[str] | None,
-        typer.Option(help="Deployments: little, tutorial, a-lot, shift (default all)."),
+        typer.Option(help="Deployments (loadtests/deployments.py): little, tutorial, a-lot, "
+                     "shift, knee-32, knee-48, knee-64, knee-96, eagle-worse, two-latency, "
+                     "unlike-pool (default all)."),
     ] = None,
     shape: Annotated[
         list[str] | None, typer.Option(help="Shapes: step, burst (default both).")
     ] = None,
     slo: Annotated[
         list[str] | None,
-        typer.Option(help="SLO classes: interactive, standard (default both)."),
+        typer.Option(help="SLO classes: tight, interactive, standard (default: each "
+                     "deployment's own two)."),
     ] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes (0: one per CPU).")] = 0,
     out: Annotated[
