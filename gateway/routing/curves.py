@@ -130,6 +130,9 @@ class Prediction:
     # ln(a request's TPOT)) per concurrency: what the probability of meeting an SLO reads.
     log_tpot: tuple[float, ...] = field(init=False, repr=False, compare=False)
     z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    # -(ln TPOT + bias) per concurrency: a stream meets an SLO s there with the probability
+    # (1 + erf((ln s + offset) x z_scale)) / 2, the two read once per candidate and decision.
+    offset: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -140,6 +143,7 @@ class Prediction:
         z = (tuple(1.0 / math.sqrt(2.0 * (s2 + d * d) or 1e-24) for d in self.doubt)
              if self.doubt else (scale,) * (TABLE_MAX + 1))  # fmt: skip
         object.__setattr__(self, "z_scale", z)
+        object.__setattr__(self, "offset", tuple(-v - self.bias for v in self.log_tpot))
 
     @property
     def known(self) -> bool:

@@ -59,11 +59,11 @@ from gateway.routing.types import (
     Slo,
 )
 
-__all__ = ["Learned", "Outlook", "first_stream", "met", "outlook"]
+__all__ = ["SHORTLIST", "Learned", "Outlook", "first_stream", "met", "outlook", "shortlist"]
 
 _FLOOR = 1e-6
 # A gain below this share of a stream that just meets its SLO counts as none (so that where
-# nothing is to be gained, load decides, not rounding).
+# nothing is to be gained, speed and load decide, not rounding).
 _NOTHING = 0.01
 
 
@@ -87,18 +87,6 @@ class Outlook(NamedTuple):
 
 
 
-def _key(o: Outlook, slo: Slo, latency: bool) -> tuple[int, float, float, int, bool]:
-    """Sort key: room first, the most gain first (a gain of less than a hundredth of a stream
-    that just meets the SLO is none); on a tie, the fastest (a request that gains nothing
-    anywhere slows the fewest streams least there, and is done soonest; what nothing is known
-    of comes after what is), then the least loaded, then the latency tier. Full ones last, by
-    least excess."""
-    if o.full:
-        return 1, max(o.tpot / slo.tpot_s, o.ttft / slo.ttft_s), 0.0, 0, False
-    gain = o.gain if abs(o.gain) * slo.tpot_s > _NOTHING else 0.0
-    return 0, -gain, o.tpot, o.load, not latency
-
-
 def met(log_slo: float, n: int, pred: Prediction) -> float:
     """The probability that a stream meets a TPOT SLO of exp(`log_slo`) with `n` streams on
     the backend: ln(TPOT) normal around ln(curve) + bias, with the spread observed and the
@@ -112,14 +100,6 @@ def met(log_slo: float, n: int, pred: Prediction) -> float:
     return 0.5 * (1.0 + math.erf((log_slo - log_tpot - pred.bias) * scale))
 
 
-def _at(pred: Prediction, n: int) -> tuple[float, float]:
-    """(offset, scale) at `n` streams: a stream meets a TPOT SLO s with the probability
-    (1 + erf((ln s + offset) x scale)) / 2 (the terms of `met`, read once per candidate)."""
-    if n < len(pred.log_tpot):
-        return -pred.log_tpot[n] - pred.bias, pred.z_scale[n]
-    return -math.log(max(pred.tpot.at(n), _FLOOR)) - pred.bias, pred.z_scale[-1]
-
-
 def outlook(
     b: Backend, load: BackendLoad, pred: Prediction | None, slo: Slo, params: _Limits,
 ) -> Outlook:  # fmt: skip
@@ -127,19 +107,26 @@ def outlook(
     stream there is as good as one on the best known backend (`params.first`), and no more
     streams than that until something is observed."""
     n = load.effective
-    if pred is None or not pred.known:
+    if pred is None or not pred.frontier:
         if n:
             return Outlook(math.inf, 0.0, 0.0, 0.0, False, n, n + 1)
         return Outlook(math.inf, 0.0, 1.0, params.first, False, n, 1)
     tpots = pred.tpot.table
     if n + 1 < len(tpots):  # the common case, read from the tables directly
         now, tpot, ttft = tpots[n], tpots[n + 1], pred.ttft.table[n + 1]
+        offsets, scales = pred.offset, pred.z_scale
+        o0, o1, z0, z1 = offsets[n], offsets[n + 1], scales[n], scales[n + 1]
     else:
         now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
+        o0 = -math.log(max(now, _FLOOR)) - pred.bias
+        o1 = -math.log(max(tpot, _FLOOR)) - pred.bias
+        z0 = z1 = pred.z_scale[-1]
     # A microsecond at least: an engine that streams a whole answer at once has a TPOT of 0.
-    now, tpot = max(now, _FLOOR), max(tpot, _FLOOR)
-    (o0, z0), (o1, z1) = _at(pred, n), _at(pred, n + 1)
-    erf, log_slo = math.erf, math.log(slo.tpot_s)
+    if now < _FLOOR:
+        now = _FLOOR
+    if tpot < _FLOOR:
+        tpot = _FLOOR
+    erf, log_slo = math.erf, slo.log_tpot
     p = 0.5 * (1.0 + erf((log_slo + o1) * z1)) if ttft <= slo.ttft_s * params.ttft_room else 0.0
     # The streams there: this gateway's, each with its own SLO; others (another replica's)
     # are taken to share the request's. Summed as count x erf, halved and shifted once.
@@ -150,17 +137,19 @@ def outlook(
         log_s = math.log(s)
         now_sum += count * erf((log_s + o0) * z0)
         then_sum += count * erf((log_s + o1) * z1)
-    others = n - known
-    if others > 0:
+    if n > known:
+        others = n - known
         now_sum += others * erf((log_slo + o0) * z0)
         then_sum += others * erf((log_slo + o1) * z1)
         known = n
-    met_now, met_then = 0.5 * (known + now_sum), 0.5 * (known + then_sum)
-    gain = (met_then + p) / tpot - (met_now / now if n else 0.0)
+    gain = (0.5 * (known + then_sum) + p) / tpot
+    if n:
+        gain -= 0.5 * (known + now_sum) / now
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
         b.role is Role.THROUGHPUT and not load.stale and load.waiting > params.max_waiting
     )
-    return Outlook(tpot, ttft, p, gain, full, n, max(0, n + 1 - pred.frontier))
+    past = n + 1 - pred.frontier
+    return Outlook(tpot, ttft, p, gain, full, n, past if past > 0 else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +175,35 @@ def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
     return math.inf if best == -math.inf else best
 
 
+# A tier of more backends than this has only this many of them, drawn at random, evaluated per
+# decision (power of d choices: near the quality of evaluating all of them in a pool of alike
+# engines). An evaluation costs ~1-2 us; a decision over 16 backends must stay well under 40.
+SHORTLIST = 6
+
+
+def shortlist(
+    pool: list[Backend], snap: LoadSnapshot, rng: random.Random
+) -> tuple[list[Backend], list[Backend]]:
+    """(the backends a decision evaluates, the others by load, for the failover order)."""
+    if len(pool) <= SHORTLIST:
+        return pool, []
+    tiers: dict[str, list[Backend]] = {}
+    for b in pool:
+        tiers.setdefault(b.tier, []).append(b)
+    keep: list[Backend] = []
+    rest: list[Backend] = []
+    for members in tiers.values():
+        if len(members) <= SHORTLIST:
+            keep += members
+            continue
+        chosen = set(rng.sample(range(len(members)), SHORTLIST))
+        for i, b in enumerate(members):
+            (keep if i in chosen else rest).append(b)
+    load = snap.load
+    rest.sort(key=lambda b: load(b.url).effective)
+    return keep, rest
+
+
 @dataclass(frozen=True, slots=True)
 class Learned:
     name: str
@@ -204,18 +222,35 @@ class Learned:
         if not pool:
             return Decision((), Reason.NO_BACKEND, self.name, state)
         slo, curves, load, limits = req.slo, snap.curves, snap.load, self.limits
-        preds = [curves.get(b.url) for b in pool]
-        if any(p is None or not p.known for p in preds):
-            limits = _Limits(limits.ttft_room, limits.full_ttft_factor, limits.max_waiting,
-                             limits.explore_rate, limits.explore_after_s,
-                             first_stream(preds, slo))  # fmt: skip
-        outlooks = [outlook(b, load(b.url), p, slo, limits)
-                    for b, p in zip(pool, preds, strict=True)]  # fmt: skip
-        # (key, random tie-break, position): plain tuples sort fastest
-        keys = [(_key(o, slo, b.role is Role.LATENCY), rng.random(), i)
-                for i, (b, o) in enumerate(zip(pool, outlooks, strict=True))]  # fmt: skip
+        pool, rest = shortlist(pool, snap, rng)
+        get = curves.get
+        preds = [get(b.url) for b in pool]
+        for p in preds:
+            if p is None or not p.frontier:
+                limits = _Limits(limits.ttft_room, limits.full_ttft_factor, limits.max_waiting,
+                                 limits.explore_rate, limits.explore_after_s,
+                                 first_stream(preds, slo))  # fmt: skip
+                break
+        # Sort keys: room first, the most gain first (a gain of less than a hundredth of a
+        # stream that just meets the SLO is none); on a tie, the fastest (a request that gains
+        # nothing anywhere slows the fewest streams least there, and is done soonest; what
+        # nothing is known of comes after what is), then the least loaded, then the latency
+        # tier, then at random. Full ones last, by least excess. (Built in one loop with the
+        # outlooks, as plain tuples: they sort fastest, and this runs on every decision.)
+        outlooks = []
+        keys = []
+        draw, tpot_slo = rng.random, slo.tpot_s
+        for i, b in enumerate(pool):
+            o = outlook(b, load(b.url), preds[i], slo, limits)
+            outlooks.append(o)
+            if o.full:  # last, by least excess
+                key = (1, max(o.tpot / tpot_slo, o.ttft / slo.ttft_s), 0.0, 0, False)
+            else:
+                gain = o.gain if abs(o.gain) * tpot_slo > _NOTHING else 0.0
+                key = (0, -gain, o.tpot, o.load, b.role is not Role.LATENCY)
+            keys.append((key, draw(), i))
         keys.sort()
-        ordered = [pool[k[2]] for k in keys]
+        ordered = [pool[k[2]] for k in keys] + rest
         first = outlooks[keys[0][2]]
         if first.full:
             reason: str = Reason.SATURATED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -137,6 +138,11 @@ class Slo:
 
     ttft_s: float = 1.0
     tpot_s: float = 0.025
+    # ln(tpot_s), which the learned policy reads for every candidate of a decision.
+    log_tpot: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_tpot", math.log(self.tpot_s) if self.tpot_s > 0 else -1e9)
 
 
 @dataclass(frozen=True, slots=True)

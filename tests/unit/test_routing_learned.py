@@ -10,6 +10,7 @@ import pytest
 
 from gateway.latency_model import UNKNOWN
 from gateway.routing import (
+    Backend,
     BackendLoad,
     LoadSnapshot,
     PolicyParams,
@@ -21,7 +22,7 @@ from gateway.routing import (
     build_policy,
 )
 from gateway.routing.curves import KNOTS, Curve, Prediction
-from gateway.routing.learned import Learned, first_stream, met, outlook
+from gateway.routing.learned import SHORTLIST, Learned, first_stream, met, outlook, shortlist
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
 
 INTERACTIVE = Slo(ttft_s=1.0, tpot_s=0.012)
@@ -347,3 +348,22 @@ def test_where_nothing_is_to_be_gained_load_decides() -> None:
         order, why = decide(s, tight)
         assert order[0] == (T1.url if loads[0].running > loads[1].running else T0.url)
         assert why == Reason.HEADROOM
+
+
+def test_a_large_tier_is_evaluated_by_a_shortlist() -> None:
+    pool = [Backend(f"http://awq-{i}:8000", "awq", Role.THROUGHPUT, frozenset({MODEL}))
+            for i in range(14)]  # fmt: skip
+    loads = {b.url: load(i) for i, b in enumerate(pool)}
+    s = LoadSnapshot((L0, *pool), {L0.url: load(0), **loads}, NOW, {})
+    small = [L0, *pool[:SHORTLIST]]
+    assert shortlist(small, s, random.Random(0)) == (small, [])  # no tier past the shortlist
+    keep, rest = shortlist([L0, *pool], s, random.Random(0))
+    assert L0 in keep  # a tier within the shortlist is evaluated whole
+    assert len(keep) == 1 + SHORTLIST
+    assert sorted(keep + rest, key=lambda b: b.url) == sorted([L0, *pool], key=lambda b: b.url)
+    assert rest == sorted(rest, key=lambda b: s.load(b.url).effective)  # failover by load
+    assert shortlist([L0, *pool], s, random.Random(0)) == (keep, rest)  # a seed replays it
+    drawn = {b.url for seed in range(30) for b in shortlist(pool, s, random.Random(seed))[0]}
+    assert drawn == {b.url for b in pool}  # every backend has its chance
+    d = LEARNED(RouteRequest(MODEL, slo=STANDARD), s, RouterState(), random.Random(0))
+    assert sorted(b.url for b in d.candidates) == sorted(b.url for b in [L0, *pool])
