@@ -56,8 +56,10 @@ MODEL = "sim-model"
 ENDPOINT = Endpoint("/v1/completions", chat=False)
 # Where each learned curve is read back after a run (concurrency 1..64).
 CURVE_LEVELS = tuple(range(1, 65))
-# Concurrency at which the trace follows the latency tier's learned TPOT.
-TRACE_AT = 16
+# Concurrency at which the trace follows the latency tier's learned TPOT: the streams the
+# latency tier holds under the traced load after the acceptance shift (the curve is judged
+# where it has data).
+TRACE_AT = 12
 
 # Event kinds, in the order they are handled when they fall on the same instant: tokens first
 # (a finished request frees its user), then arrivals, acceptance shifts, the monitor's round

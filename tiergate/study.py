@@ -68,7 +68,7 @@ WINDOW_S: Final = 10.0
 PLAIN: Final = ("learned", "golden-range", "least-loaded", "power-of-two")
 
 
-CURVE_DEPLOYMENTS: Final = ("little", "tutorial", "a-lot")
+CURVE_DEPLOYMENTS: Final = ("little", "tutorial", "a-lot", "knee-64")
 
 
 @dataclass(frozen=True, slots=True)
