@@ -745,8 +745,8 @@ Stat panels show the value at the end of the window (after the load), over a spa
   profile's values whatever the load; the HPA signals are the 1-minute recording rules, with
   the autoscaler's triggers (14 req/s, 3 s) and the SLA (5 s) as dashed lines.
 - Gateway overview, learned routing: the latency model's predicted TPOT curves (a line per
-  backend and concurrency, the default 25 ms SLO dashed) leave their priors within seconds of
-  the first streams and move as the load steps up; v4 (EAGLE-3) is predicted well under the
+  backend and concurrency, the default 25 ms SLO dashed) appear with the first streams and
+  move as the load steps up; v4 (EAGLE-3) is predicted well under the
   throughput engines wherever it has run. The model sees only the concurrencies a backend
   runs at and extrapolates past them: under golden-range v4 never holds more than its hard cap
   of {k["latency_hard_cap"]} streams, so its curve above that, and "Latency tier limit" (the
@@ -757,8 +757,9 @@ Stat panels show the value at the end of the window (after the load), over a spa
   whose engines stream at about 14 ms per token; the 25 ms class misses there in the overload
   phase, when requests queue past the 1 s TTFT SLO. The draft acceptance is v4's cumulative
   acceptance as the gateway scrapes it (its profile's, flat), which scales v4's predicted
-  curve. With `learned`, "Routing reasons" shows `predicted_slo_met`, `headroom` and `explore`
-  by tier.
+  curve. With `learned`, "Routing reasons" shows `predicted_slo_met`, `headroom`, `frontier`
+  and `explore` by tier, and "Observed frontier" each backend's most streams observed climbing
+  as the load steps up (it never falls: a knee once seen stays known).
 - Load test: offered and completed part ways when the deployment saturates; the SLO-met share
   and E2E p99 against the 5 s SLA show what the users of that phase experienced.
 """

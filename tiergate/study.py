@@ -831,8 +831,10 @@ def _pyplot() -> Any:
 
 def plot_matrix(report: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
-    slos = report["options"]["slos"]
-    fig, axes = plt.subplots(len(slos), 1, figsize=(13, 4.2 * len(slos)), squeeze=False)
+    slos = [k for k in report["options"]["slos"] if any(c["slo"] == k for c in report["cells"])]
+    widest = max(sum(c["slo"] == k for c in report["cells"]) for k in slos)
+    fig, axes = plt.subplots(len(slos), 1, figsize=(max(13, 0.85 * widest), 4.2 * len(slos)),
+                             squeeze=False)  # fmt: skip
     series: list[tuple[str, Callable[[dict[str, Any]], int]]] = [
         ("learned", lambda c: c["policies"]["learned"]["met"]),
         ("golden-range", lambda c: c["policies"]["golden-range"]["met"]),
