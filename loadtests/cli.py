@@ -77,21 +77,13 @@ def bench_calibrate(
 def _deployments(values: list[str] | None) -> list[str] | None:
     from loadtests.deployments import DEPLOYMENTS
 
-    for v in values or ():
-        if v not in DEPLOYMENTS:
-            raise typer.BadParameter(f"unknown deployment {v}; choose from "
-                                     f"{', '.join(DEPLOYMENTS)}")  # fmt: skip
-    return values
+    return _known(values, tuple(DEPLOYMENTS))
 
 
 def _slo_classes(values: list[str] | None) -> list[str] | None:
     from loadtests.deployments import SLO_CLASSES
 
-    for v in values or ():
-        if v not in SLO_CLASSES:
-            raise typer.BadParameter(f"unknown SLO class {v}; choose from "
-                                     f"{', '.join(SLO_CLASSES)}")  # fmt: skip
-    return values
+    return _known(values, tuple(SLO_CLASSES))
 
 
 @bench.command("routing")
