@@ -5,17 +5,19 @@ Per backend and quantity, a value per knot of concurrency (gateway.routing.curve
 observation at concurrency c moves the two knots around c by its residual, split by distance,
 with a step size that shrinks to 1/`memory` (an exponentially weighted mean over that many
 observations per knot): a knot visited often follows change within a few seconds; one that is
-not keeps what it learned. Where there are observations, the curve is the weighted isotonic
-(non-decreasing) fit of the knots, so a few noisy observations cannot make more load look faster.
+not keeps what it learned. The knots' isotonic (non-decreasing) fit is smoothed by a roofline
+fitted to it, flat-ish then steeper, as a decode step's time is against the tokens it
+processes (streams x tokens verified per stream; the reference measurements of an H200 show it
+from 1 to 256 streams): a few noisy knots can neither make more load look faster nor bend the
+slope that decides whether one more stream is worth it.
 
-Past the data the model reasons from the engine, not from configuration. A decode step's time
-is a roofline of the tokens it processes (streams x tokens verified per stream): flat-ish while
-memory-bound, then rising steeply, never bending back (the reference measurements of an H200 show
-it from 1 to 256 streams). So past the most streams observed (the frontier), TPOT is at least the
-observed slope continued, and at most proportional to the streams: for any step time of the form
-max(a + bT, cT) with a >= 0, step(T) / T never grows. One stream past the frontier the policy is
-given the optimistic continuation (so it tries the next stream, and learns), further on the
-pessimistic bound (so it does not bet many streams on what it has not seen).
+Past the most streams observed (the frontier) the model reasons from the engine, not from
+configuration: the step may turn compute-bound anywhere out there. Its ridge is taken as equally
+likely at any scale up to `ridge_max` tokens per step, and past a ridge the step grows in
+proportion to its tokens. So the predicted TPOT rises past the frontier and carries a doubt
+that grows with the distance: one stream past it is nearly the last observed (a request tries
+it, and the frontier moves up by evidence); several times past it is a gamble that routing
+prices as such (gateway.routing.learned).
 
 Speculative decoding is modelled apart, because it is what moves fastest: TPOT = step time /
 tokens per step, and the tokens per step (1 + accepted drafts per verification) come from the
@@ -241,9 +243,9 @@ def fit_roofline(points: Sequence[tuple[int, float, float]]) -> Roofline:
 def beyond(line: Sequence[float], frontier: int, tokens: float, ridge_max: float
            ) -> tuple[list[float], list[float]]:  # fmt: skip
     """The TPOT table at 0..TABLE_MAX, and the doubt about each value (the deviation of its
-    log), from the observed roofline `line` (at 0..TABLE_MAX, continued past the data) when the
-    data show no ridge: as observed up to the frontier; past it, the step may turn
-    compute-bound anywhere. The ridge, in tokens per step, is taken as equally likely at any
+    log), from the observed roofline `line` (at 0..TABLE_MAX, continued past the data): as
+    observed up to the frontier; past it, the step may turn compute-bound (or steeper still)
+    anywhere. The ridge, in tokens per step, is taken as equally likely at any
     scale from the frontier's `tokens` to `ridge_max` (log-uniform); past a ridge the step
     grows in proportion to its tokens (the steepest a roofline rises). So at n streams
     ln TPOT = ln line(n) + X, X = 0 while the ridge lies beyond n's tokens, else ln of n over

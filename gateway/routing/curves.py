@@ -107,13 +107,11 @@ UNKNOWN_CURVE: Final = Curve((0.0,) * len(KNOTS))
 class Prediction:
     """One backend's predicted latency as a function of its concurrency.
 
-    Up to `frontier` streams the TPOT curve rests on observations; one stream past it, it
-    continues the observed slope (optimistic: a roofline only steepens); further on it grows in
-    proportion to the streams (pessimistic: no roofline with a fixed cost per step grows
-    faster). A request's own TPOT scatters around the curve: ln(TPOT) is taken as normal with
-    mean ln(curve) + `bias` and deviation `spread`, as observed. `frontier` 0: nothing observed
-    yet (the curves are zeros and mean nothing). A curve built by hand is taken as observed
-    everywhere."""
+    Up to `frontier` streams the TPOT curve rests on observations; past it the model's guess,
+    unsure by `doubt` (gateway.latency_model). A request's own TPOT scatters around the curve:
+    ln(TPOT) is taken as normal with mean ln(curve) + `bias` and deviation `spread`, as
+    observed. `frontier` 0: nothing observed yet (the curves are zeros and mean nothing). A
+    curve built by hand is taken as observed everywhere."""
 
     tpot: Curve  # seconds per output token with n streams running
     ttft: Curve  # seconds to the first token of a request that makes it n streams

@@ -86,7 +86,6 @@ class Outlook(NamedTuple):
         return self.past > 0
 
 
-
 def met(log_slo: float, n: int, pred: Prediction) -> float:
     """The probability that a stream meets a TPOT SLO of exp(`log_slo`) with `n` streams on
     the backend: ln(TPOT) normal around ln(curve) + bias, with the spread observed and the
