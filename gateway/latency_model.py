@@ -401,8 +401,11 @@ class BackendModel:
         (concurrency it joined, TTFT)."""
         if tpot is not None:
             n, y = tpot
+            expected = 0.0
             if self._table is not None and 1 <= n <= self._drawn_to + 1:
-                self.spread.observe(y / self._at(n))
+                expected = self._at(n)
+            if expected > 0:  # (an engine that streams whole answers at once has a TPOT of 0)
+                self.spread.observe(y / expected)
             if self.tpot.observe(n, y):
                 self.frontier = max(self.frontier, int(n))
         if ttft is not None:

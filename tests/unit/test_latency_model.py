@@ -325,3 +325,13 @@ def test_requests_scattered_around_the_curve_show_their_spread() -> None:
     # Streams past what the published curve had seen teach the curve, not the spread.
     m.observe_request(0.0, (64.0, 0.5), None)
     assert m.prediction().spread == pytest.approx(p.spread, rel=0.01)
+
+
+def test_an_engine_with_no_time_per_token_teaches_no_spread() -> None:
+    m = model()
+    for _ in range(5):
+        m.observe_request(0.0, (2.0, 0.0), (2, 0.001))  # whole answers at once: TPOT 0
+    assert m.prediction().tpot.at(2) == 0.0
+    m.observe_request(0.0, (2.0, 0.001), None)  # against a curve at 0: no ratio, no crash
+    m.observe_request(0.0, (2.0, 0.0), None)
+    assert m.prediction().spread == pytest.approx(0.1)
