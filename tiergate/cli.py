@@ -45,6 +45,10 @@ def study_command(
                      "deployment's own two)."),
     ] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes (0: one per CPU).")] = 0,
+    decision_calls: Annotated[
+        int, typer.Option(min=5, help="Calls per policy and snapshot size (3 and 16 backends) "
+                          "that time one routing decision alone.")
+    ] = 100_000,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder for routing-sim.md/.json/.png and the learned-* plots."),
@@ -72,6 +76,7 @@ def study_command(
         slos=pick(slo, tuple(study.SLO_CLASSES), "SLO class"),
         jobs=jobs,
         out=out,
+        decision_calls=decision_calls,
     )
     study.run(opts)
 

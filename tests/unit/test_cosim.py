@@ -126,7 +126,7 @@ def test_verdicts_and_convergence() -> None:
 def test_the_command_writes_the_report(tmp_path: Path) -> None:
     args = ["bench", "routing-sim", "--phase-seconds", "1", "--seeds", "1", "--deployment",
             "tutorial", "--shape", "burst", "--slo", "interactive", "--jobs", "1",
-            "--out", str(tmp_path)]  # fmt: skip
+            "--decision-calls", "500", "--out", str(tmp_path)]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     names = {p.name for p in tmp_path.iterdir()}
@@ -145,10 +145,11 @@ def test_the_command_writes_the_report(tmp_path: Path) -> None:
         assert set(by_size) == {"3", "16"}
         for cost in by_size.values():
             assert 0 < cost["p50_us"] <= cost["p99_us"]
-            assert cost["samples"] == 100_000
+            assert cost["samples"] == 500
     md = (tmp_path / "routing-sim.md").read_text()
     assert "`learned` alone, 16 backends: p50" in md
-    assert "--deployment tutorial --shape burst --slo interactive --out DIR" in md
+    assert ("--deployment tutorial --shape burst --slo interactive --decision-calls 500 --out DIR"
+            in md)
     assert str(tmp_path) not in md
 
 
