@@ -124,24 +124,20 @@ class Prediction:
     # Per concurrency 0..TABLE_MAX, the deviation of ln(curve) itself where the model is unsure
     # (past the frontier); () : none anywhere.
     doubt: tuple[float, ...] = field(default=(), repr=False)
-    # ln of the TPOT table (-inf where it is 0), and 1 / (sqrt(2) x the whole deviation of
-    # ln(a request's TPOT)) per concurrency: what the probability of meeting an SLO reads.
-    log_tpot: tuple[float, ...] = field(init=False, repr=False, compare=False)
-    z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
-    # -(ln TPOT + bias) per concurrency: a stream meets an SLO s there with the probability
-    # (1 + erf((ln s + offset) x z_scale)) / 2, the two read once per candidate and decision.
+    # Per concurrency 0..TABLE_MAX, -(ln TPOT + bias) (inf where TPOT is 0) and 1 / (sqrt(2) x
+    # the whole deviation of ln(a request's TPOT)): a stream meets an SLO s there with the
+    # probability (1 + erf((ln s + offset) x z_scale)) / 2, the two read once per candidate.
     offset: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "log_tpot", tuple(math.log(v) if v > 0 else -math.inf for v in self.tpot.table)
-        )
+        object.__setattr__(self, "offset", tuple(
+            -math.log(v) - self.bias if v > 0 else math.inf for v in self.tpot.table))
         s2 = self.spread * self.spread
         scale = 1.0 / (math.sqrt(2.0 * s2) or 1e-12)
         z = (tuple(1.0 / math.sqrt(2.0 * (s2 + d * d) or 1e-24) for d in self.doubt)
              if self.doubt else (scale,) * (TABLE_MAX + 1))  # fmt: skip
         object.__setattr__(self, "z_scale", z)
-        object.__setattr__(self, "offset", tuple(-v - self.bias for v in self.log_tpot))
 
     @property
     def known(self) -> bool:

@@ -78,25 +78,22 @@ class Outlook(NamedTuple):
     gain: float  # SLO-meeting tokens per second the backend would gain (negative: lose)
     full: bool
     load: int
-    past: int  # streams past the most observed there, the request's included (0: within them)
-
-    @property
-    def ahead(self) -> bool:
-        """Past the load the model has observed there: the request explores."""
-        return self.past > 0
+    ahead: bool  # past the most streams observed there: the request explores
 
 
 def met(log_slo: float, n: int, pred: Prediction) -> float:
     """The probability that a stream meets a TPOT SLO of exp(`log_slo`) with `n` streams on
     the backend: ln(TPOT) normal around ln(curve) + bias, with the spread observed and the
     model's own doubt there."""
-    if n < len(pred.log_tpot):
-        log_tpot, scale = pred.log_tpot[n], pred.z_scale[n]
-    else:
-        log_tpot, scale = math.log(max(pred.tpot.at(n), _FLOOR)), pred.z_scale[-1]
-    if log_tpot == -math.inf:
-        return 1.0
-    return 0.5 * (1.0 + math.erf((log_slo - log_tpot - pred.bias) * scale))
+    offset, scale = _terms(pred, n)
+    return 0.5 * (1.0 + math.erf((log_slo + offset) * scale))
+
+
+def _terms(pred: Prediction, n: int) -> tuple[float, float]:
+    """(offset, z_scale) at `n` streams, past the tables too."""
+    if n < len(pred.offset):
+        return pred.offset[n], pred.z_scale[n]
+    return -math.log(max(pred.tpot.at(n), _FLOOR)) - pred.bias, pred.z_scale[-1]
 
 
 def outlook(
@@ -108,8 +105,8 @@ def outlook(
     n = load.effective
     if pred is None or not pred.frontier:
         if n:
-            return Outlook(math.inf, 0.0, 0.0, 0.0, False, n, n + 1)
-        return Outlook(math.inf, 0.0, 1.0, params.first, False, n, 1)
+            return Outlook(math.inf, 0.0, 0.0, 0.0, False, n, True)
+        return Outlook(math.inf, 0.0, 1.0, params.first, False, n, True)
     tpots = pred.tpot.table
     if n + 1 < len(tpots):  # the common case, read from the tables directly
         now, tpot, ttft = tpots[n], tpots[n + 1], pred.ttft.table[n + 1]
@@ -117,9 +114,7 @@ def outlook(
         o0, o1, z0, z1 = offsets[n], offsets[n + 1], scales[n], scales[n + 1]
     else:
         now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
-        o0 = -math.log(max(now, _FLOOR)) - pred.bias
-        o1 = -math.log(max(tpot, _FLOOR)) - pred.bias
-        z0 = z1 = pred.z_scale[-1]
+        (o0, z0), (o1, z1) = _terms(pred, n), _terms(pred, n + 1)
     # A microsecond at least: an engine that streams a whole answer at once has a TPOT of 0.
     if now < _FLOOR:
         now = _FLOOR
@@ -147,8 +142,7 @@ def outlook(
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
         b.role is Role.THROUGHPUT and not load.stale and load.waiting > params.max_waiting
     )
-    past = n + 1 - pred.frontier
-    return Outlook(tpot, ttft, p, gain, full, n, past if past > 0 else 0)
+    return Outlook(tpot, ttft, p, gain, full, n, n >= pred.frontier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +160,7 @@ class _Limits:
 def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
     """The most a first stream gains on a known backend among `preds` (math.inf: none known)."""
     best = -math.inf
-    log_slo = math.log(slo.tpot_s)
+    log_slo = slo.log_tpot
     for pred in preds:
         if pred is not None and pred.known:
             gain = met(log_slo, 1, pred) / max(pred.tpot.table[1], _FLOOR)

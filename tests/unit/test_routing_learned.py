@@ -82,7 +82,7 @@ def test_the_probability_of_meeting_an_slo(slo: float, tpot: float, bias: float,
     assert met(math.log(slo), 300, pred) == pytest.approx(p, abs=1e-4)  # past the table
     # The model's own doubt about the curve widens the spread: at one deviation below the SLO
     # with as much doubt as spread, the chance is Phi(1 / sqrt(2)) = 76%, not 84%.
-    doubtful = replace(pred, doubt=(spread,) * len(pred.log_tpot))
+    doubtful = replace(pred, doubt=(spread,) * len(pred.tpot.table))
     if bias == 0.0 and spread == 0.05 and tpot < slo:
         assert met(math.log(slo), 1, doubtful) == pytest.approx(0.7602, abs=1e-4)
     instant = Prediction(tpot=Curve.of(lambda n: 0.0), ttft=Curve.of(lambda n: 0.1))
