@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange
@@ -69,7 +68,7 @@ class Admission:
             taken = self.displace(decision.candidates, rank)
             if taken is not None:
                 rest = tuple(b for b in decision.candidates if b is not taken)
-                return replace(decision, candidates=(taken, *rest), reason=Reason.DISPLACED)
+                return decision._replace(candidates=(taken, *rest), reason=Reason.DISPLACED)
         self.telemetry.queued.inc()
         try:
             woken = False

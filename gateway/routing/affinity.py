@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
@@ -98,5 +98,5 @@ class Affinity:
                 if b is ordered[0]:
                     return decision
                 rest = tuple(x for x in ordered if x is not b)
-                return replace(decision, candidates=(b, *rest))
+                return decision._replace(candidates=(b, *rest))
         return decision

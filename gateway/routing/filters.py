@@ -17,13 +17,14 @@ def eligible(req: RouteRequest, snap: LoadSnapshot) -> list[Backend]:
     """
     seen: set[str] = set()
     out: list[Backend] = []
+    exclude, model, load = req.exclude, req.model, snap.load
     for b in snap.backends:
-        if b.url in seen:
+        url = b.url
+        if url in seen:
             continue
-        seen.add(b.url)
-        if b.url in req.exclude or req.model not in b.models or not snap.load(b.url).healthy:
-            continue
-        out.append(b)
+        seen.add(url)
+        if url not in exclude and model in b.models and load(url).healthy:
+            out.append(b)
     return out
 
 
