@@ -82,6 +82,62 @@ def study_command(
 
 
 loadtests_cli.bench.command("routing-sim")(study_command)
+
+
+def decision_cost_command(
+    runs: Annotated[int, typer.Option(min=1, help="Whole measurements, one after another.")] = 3,
+    calls: Annotated[
+        int, typer.Option(min=5, help="Calls per run, policy and snapshot size (3 and 16 "
+                          "backends), over 5 rounds.")
+    ] = 100_000,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(help="Policies to time (default: learned, golden-range, least-loaded, "
+                     "power-of-two)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for decision-cost.md/.json.")
+    ] = None,
+) -> None:
+    """The CPU cost of one routing decision alone, per policy, with 3 and 16 backends: each
+    policy called in a loop on a fixed snapshot, `runs` times over; medians and every run's
+    p50/p99, against the goals (learned: p99 <= 20 µs with 3 backends, <= 40 µs with 16)."""
+    import json
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from gateway.routing import POLICY_NAMES
+    from loadtests.overhead import run_header
+    from tiergate import decision_cost
+
+    names = tuple(policy or ("learned", "golden-range", "least-loaded", "power-of-two"))
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}"
+        )
+    if "learned" not in names:
+        names = ("learned", *names)  # the goals are the learned policy's
+    console = Console()
+    with Progress(console=console) as bar:
+        task = bar.add_task("timing decisions", total=runs)
+        report = decision_cost.repeated(
+            names, runs, max(1, calls // 5), lambda done: bar.update(task, completed=done)
+        )
+    options = {"runs": runs, "calls": calls, "policy": list(names)}
+    flags = f"--runs {runs} --calls {calls}" + "".join(f" --policy {n}" for n in names)
+    report = {**run_header(f"tiergate bench decision-cost {flags}", options, ()), **report}
+    text = decision_cost.markdown(report)
+    console.print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decision-cost.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "decision-cost.md").write_text(text)
+        console.print(f"wrote decision-cost.md/.json to {out}")
+
+
+loadtests_cli.bench.command("decision-cost")(decision_cost_command)
 app.add_typer(loadtests_cli.bench, name="bench")
 app.add_typer(gateway_cli.keys, name="keys")
 

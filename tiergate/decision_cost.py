@@ -15,8 +15,8 @@ import gc
 import random
 import statistics
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 from gateway.latency_model import BackendModel
 from gateway.routing import (
@@ -32,7 +32,9 @@ from gateway.routing import (
 )
 from gateway.routing.curves import Prediction
 
-__all__ = ["SIZES", "decision_alone", "snapshot"]
+__all__ = [
+    "GOALS_P99_US", "SIZES", "decision_alone", "goal_lines", "markdown", "repeated", "snapshot",
+]  # fmt: skip
 
 _MODEL = "m"
 _INFLIGHT = 64
@@ -107,3 +109,81 @@ def decision_alone(
             "mean_us": statistics.fmean(ns) / 1000,
         }
     return {"inflight": _INFLIGHT, "rounds": rounds, "sizes": list(sizes), "policies": result}
+
+
+# The goals of one decision alone (µs at the 99th percentile), by backends in the snapshot.
+GOALS_P99_US: Final = {3: 20.0, 16: 40.0}
+
+
+def repeated(
+    policies: Sequence[str], runs: int, per_round: int, progress: Callable[[int], None],
+) -> dict[str, Any]:  # fmt: skip
+    """`decision_alone` `runs` times over (`progress(run)` after each): one run's percentiles
+    move with what else the machine does, so a figure is the median of the runs', with each
+    run's beside it."""
+    each = []
+    for i in range(runs):
+        each.append(decision_alone(policies, per_round=per_round))
+        progress(i + 1)
+    summary: dict[str, Any] = {}
+    for name in policies:
+        for size in (str(s) for s in SIZES):
+            cells = [r["policies"][name][size] for r in each]
+            summary.setdefault(name, {})[size] = {
+                "samples": sum(c["samples"] for c in cells),
+                **{
+                    f"{q}_us": {"median": statistics.median(c[f"{q}_us"] for c in cells),
+                                "runs": [c[f"{q}_us"] for c in cells]}
+                    for q in ("p50", "p99")
+                },
+            }  # fmt: skip
+    return {"inflight": _INFLIGHT, "runs": each, "summary": summary}
+
+
+def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
+    """One line per snapshot size: the goal, the median p99 of the runs, every run's, and the
+    verdict (NOT MET first: a goal is met only if every run met it)."""
+    lines = []
+    for size, goal in sorted(GOALS_P99_US.items(), key=lambda kv: kv[0]):
+        cell = report["summary"][policy][str(size)]["p99_us"]
+        worst = max(cell["runs"])
+        verdict = "MET" if worst <= goal else ("NOT MET" if cell["median"] > goal else
+                                               "met in the median run, not in every run")
+        runs = ", ".join(f"{v:.1f}" for v in cell["runs"])
+        lines.append(f"{policy}, {size} backends: p99 {cell['median']:.1f} µs (median of "
+                     f"{len(cell['runs'])} runs; each: {runs}), goal <= {goal:g} µs: {verdict}")
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as markdown: the goals, then p50/p99 per policy and size, every run's."""
+    summary = report["summary"]
+    out = [
+        "# The cost of one routing decision, alone",
+        "",
+        f"Command: `{report['command']}`  ",
+        f"Date: {report['date']}. Machine: {report['machine']}, {report['nproc']} CPUs.  ",
+        f"Each policy called in a loop on a fixed snapshot with {report['inflight']} requests in "
+        "flight and the latency model's predictions in it (tiergate.decision_cost), with 3 and "
+        "16 backends; each run is 5 rounds whose policy order rotates, after `gc.freeze()` as "
+        "the gateway's process does. A run's 99th percentile moves with what else the machine "
+        "does: the figures are the median of the runs, each run's beside it.",
+        "",
+        "## Goals",
+        "",
+        *[f"- {line}" for line in goal_lines(report)],
+        "",
+        "## Every policy (µs)",
+        "",
+        "| policy | backends | samples | p50 median | p50 per run | p99 median | p99 per run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, by_size in summary.items():
+        for size, c in by_size.items():
+            p50, p99 = c["p50_us"], c["p99_us"]
+            out.append(
+                f"| {name} | {size} | {c['samples']} | {p50['median']:.1f} | "
+                f"{' / '.join(f'{v:.1f}' for v in p50['runs'])} | {p99['median']:.1f} | "
+                f"{' / '.join(f'{v:.1f}' for v in p99['runs'])} |"
+            )
+    return "\n".join(out) + "\n"

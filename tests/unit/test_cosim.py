@@ -6,6 +6,7 @@ and the command end to end on a tiny matrix."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from engines.sim.profile import load_profile
 from gateway.routing import PolicyParams, Reason, Role, Slo
+from tiergate import decision_cost
 from tiergate.cli import app
 from tiergate.cosim import RunSpec, simulate
 from tiergate.decision_cost import decision_alone, snapshot
@@ -210,3 +212,37 @@ def test_a_latency_tier_of_two_engines_uses_both() -> None:
     assert latency == ["http://latency-0.sim", "http://latency-1.sim"]
     assert all(r.phase_load[1][u] > 1 for u in latency)
     assert r.inflight_left == 0
+
+
+@pytest.mark.parametrize(
+    ("p99_runs", "verdict"),
+    [
+        ([10.0, 12.0, 19.0], "MET"),
+        ([10.0, 12.0, 25.0], "met in the median run, not in every run"),
+        ([21.0, 30.0, 12.0], "NOT MET"),
+    ],
+)
+def test_a_decision_goal_is_met_only_in_every_run(p99_runs: list[float], verdict: str) -> None:
+    def cell(runs: list[float]) -> dict[str, object]:
+        return {"p99_us": {"median": statistics.median(runs), "runs": runs}}
+
+    report = {"summary": {"learned": {"3": cell(p99_runs), "16": cell([1.0])}}}
+    line = decision_cost.goal_lines(report)[0]
+    assert line.startswith("learned, 3 backends")
+    assert line.endswith(f"goal <= 20 µs: {verdict}")
+
+
+def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
+    args = ["bench", "decision-cost", "--runs", "2", "--calls", "10", "--policy", "least-loaded"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "decision-cost.json").read_text())
+    assert len(report["runs"]) == 2
+    assert set(report["summary"]) == {"learned", "least-loaded"}  # the goals' policy joins
+    cell = report["summary"]["least-loaded"]["16"]
+    assert cell["samples"] == 20
+    assert len(cell["p99_us"]["runs"]) == 2
+    assert "## Goals" in (tmp_path / "decision-cost.md").read_text()
+    bad = CliRunner().invoke(app, ["bench", "decision-cost", "--policy", "nope"])
+    assert bad.exit_code == 2
+    assert "unknown policy nope" in bad.output
