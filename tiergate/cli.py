@@ -110,6 +110,7 @@ def decision_cost_command(
     from gateway.routing import POLICY_NAMES
     from loadtests.overhead import run_header
     from tiergate import decision_cost
+    from tiergate.study import revision
 
     names = tuple(policy or ("learned", "golden-range", "least-loaded", "power-of-two"))
     unknown = [n for n in names if n not in POLICY_NAMES]
@@ -127,7 +128,8 @@ def decision_cost_command(
         )
     options = {"runs": runs, "calls": calls, "policy": list(names)}
     flags = f"--runs {runs} --calls {calls}" + "".join(f" --policy {n}" for n in names)
-    report = {**run_header(f"tiergate bench decision-cost {flags}", options, ()), **report}
+    header = run_header(f"tiergate bench decision-cost {flags}", options, ())
+    report = {**header, "revision": revision(), **report}
     text = decision_cost.markdown(report)
     console.print(text)
     if out is not None:

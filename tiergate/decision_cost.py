@@ -157,12 +157,16 @@ def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     """The report as markdown: the goals, then p50/p99 per policy and size, every run's."""
-    summary = report["summary"]
+    summary, rev = report["summary"], report["revision"]
+    code = f"commit {rev['commit']}" + (
+        f" with uncommitted changes to {', '.join(rev['modified'])}" if rev["modified"] else ""
+    )
     out = [
         "# The cost of one routing decision, alone",
         "",
         f"Command: `{report['command']}`  ",
-        f"Date: {report['date']}. Machine: {report['machine']}, {report['nproc']} CPUs.  ",
+        f"Date: {report['date']}. Code: {code}. Machine: {report['machine']}, "
+        f"{report['nproc']} CPUs.  ",
         f"Each policy called in a loop on a fixed snapshot with {report['inflight']} requests in "
         "flight and the latency model's predictions in it (tiergate.decision_cost), with 3 and "
         "16 backends; each run is 5 rounds whose policy order rotates, after `gc.freeze()` as "
