@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.routing.curves import KNOTS, TABLE_MAX, UNKNOWN_CURVE, Curve, Prediction
 
@@ -51,6 +51,7 @@ __all__ = [
     "beyond",
     "fit_roofline",
     "isotonic",
+    "with_mate",
 ]
 
 # What routing sees of a backend nothing has been observed on yet.
@@ -445,3 +446,37 @@ class BackendModel:
             bias=self.spread.bias,
             doubt=tuple(doubt),
         )  # fmt: skip
+
+
+def with_mate(own: Prediction, mate: Prediction, unlike: float) -> Prediction:
+    """`own` past its frontier, told what a tier-mate has seen further out: the mate's TPOT
+    curve, scaled to `own`'s at `own`'s frontier, as a second guess beside `own`'s ridge prior,
+    the two combined by their precision (in ln TPOT, as routing reads them). The mate's guess
+    carries the mate's own doubt there and `unlike` per e-fold of load past `own`'s frontier
+    (engines of a tier are replicas, but an operator may mix unlike ones). Up to the frontier,
+    and where the mate has seen no further, `own` unchanged."""
+    f = own.frontier
+    if not own.known or not mate.known or mate.frontier <= f or not own.doubt:
+        return own
+    mine, theirs = own.tpot.table, mate.tpot.table
+    if mine[f] <= 0 or theirs[f] <= 0:
+        return own
+    shift = math.log(mine[f] / theirs[f])
+    table, doubt = list(mine[: f + 1]), list(own.doubt[: f + 1])
+    mate_doubt = mate.doubt or (0.0,) * (TABLE_MAX + 1)
+    for n in range(f + 1, TABLE_MAX + 1):
+        v1 = own.doubt[n] ** 2
+        d2 = unlike * math.log(n / f)
+        v2 = mate_doubt[n] ** 2 + d2 * d2
+        if mine[n] <= 0 or theirs[n] <= 0:
+            table.append(max(mine[n], table[-1]))
+            doubt.append(own.doubt[n])
+            continue
+        m1, m2 = math.log(mine[n]), math.log(theirs[n]) + shift
+        if v1 + v2 <= 0:
+            mean, var = m2, 0.0
+        else:
+            mean, var = (m1 * v2 + m2 * v1) / (v1 + v2), v1 * v2 / (v1 + v2)
+        table.append(max(math.exp(mean), table[-1]))  # the curve only rises
+        doubt.append(math.sqrt(var))
+    return replace(own, tpot=Curve.tabled(table, own.tpot.evidence), doubt=tuple(doubt))

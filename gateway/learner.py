@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 from gateway import api
 from gateway.exchange import Exchange
-from gateway.latency_model import UNKNOWN, BackendModel, EngineSample
+from gateway.latency_model import UNKNOWN, BackendModel, EngineSample, with_mate
 from gateway.load.parse import EngineStats
 from gateway.registry import BackendEntry, Registry
 from gateway.routing import Role
@@ -75,6 +75,13 @@ class Learner:
                                 cfg.ridge_max_tokens)
             for e in registry
         }
+        self.unlike = cfg.tier_unlike
+        # Each backend's prediction from its own observations; routing reads them told what
+        # their tier-mates have seen (with_mate).
+        self.own: dict[str, Prediction] = dict.fromkeys(self.models, UNKNOWN)
+        self.tiers: dict[str, list[str]] = {}
+        for e in registry:
+            self.tiers.setdefault(e.backend.tier, []).append(e.url)
         self.registry.curves = MappingProxyType(dict.fromkeys(self.models, UNKNOWN))
         self._dirty: set[str] = set(self.models)
         self.refresh()
@@ -116,8 +123,20 @@ class Learner:
             return
         curves = dict(self.registry.curves)
         for url in self._dirty:
-            curves[url] = pred = self.models[url].prediction()
-            self._gauges(self.registry.entry(url), pred)
+            self.own[url] = self.models[url].prediction()
+        for urls in self.tiers.values():
+            if self._dirty.isdisjoint(urls):
+                continue
+            # The tier-mate that has seen the most streams tells the others about the load
+            # they have not seen yet.
+            ahead = max(urls, key=lambda u: self.own[u].frontier)
+            for url in urls:
+                pred = self.own[url]
+                if url != ahead:
+                    pred = with_mate(pred, self.own[ahead], self.unlike)
+                if pred is not curves.get(url):
+                    curves[url] = pred
+                    self._gauges(self.registry.entry(url), pred)
         self._dirty.clear()
         self.registry.curves = MappingProxyType(curves)
 

@@ -340,6 +340,11 @@ class LearningConfig(_Model):
     # (vLLM's default budget of tokens per step, max_num_batched_tokens), and grows its doubt
     # with the distance.
     ridge_max_tokens: float = Field(default=2048.0, gt=1)
+    # Past its own frontier a backend is also told what the tier-mate that has seen the most
+    # streams saw there, scaled to its own level: a second guess, doubted by this deviation of
+    # ln TPOT per e-fold of load past the backend's frontier (a tier's engines are replicas, but
+    # may be unlike) on top of the mate's own doubt. 0: trusted as the backend's own.
+    tier_unlike: float = Field(default=0.1, ge=0, le=2)
 
 
 class ShutdownConfig(_Model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -20,8 +21,9 @@ from gateway.latency_model import (
     beyond,
     fit_roofline,
     isotonic,
+    with_mate,
 )
-from gateway.routing.curves import TABLE_MAX, Curve
+from gateway.routing.curves import TABLE_MAX, Curve, Prediction
 
 
 def true_step(n: float) -> float:
@@ -335,3 +337,54 @@ def test_an_engine_with_no_time_per_token_teaches_no_spread() -> None:
     m.observe_request(0.0, (2.0, 0.001), None)  # against a curve at 0: no ratio, no crash
     m.observe_request(0.0, (2.0, 0.0), None)
     assert m.prediction().spread == pytest.approx(0.1)
+
+
+def _seen(upto: int, step: Callable[[float], float] = true_step) -> Prediction:
+    """A model that has seen 1..`upto` streams of an engine whose step is `step`."""
+    m = model()
+    for n in range(1, upto + 1):
+        for _ in range(20):
+            m.observe_request(0.0, (float(n), step(n)), None)
+    return m.prediction()
+
+
+def test_a_tier_mate_that_has_seen_nothing_more_tells_nothing() -> None:
+    own, mate = _seen(8), _seen(8)
+    assert with_mate(own, mate, 0.1) is own
+    assert with_mate(own, _seen(4), 0.1) is own
+    assert with_mate(own, UNKNOWN, 0.1) is own
+    assert with_mate(UNKNOWN, own, 0.1) is UNKNOWN
+
+
+@pytest.mark.parametrize("unlike", [0.0, 0.05, 0.1, 0.3, 2.0])
+def test_a_tier_mate_narrows_the_guess_past_the_frontier(unlike: float) -> None:
+    own, mate = _seen(4), _seen(32)
+    told = with_mate(own, mate, unlike)
+    assert told.frontier == own.frontier == 4  # what was seen is its own
+    assert told.tpot.table[:5] == own.tpot.table[:5]
+    assert told.doubt[:5] == own.doubt[:5]
+    for n in range(5, TABLE_MAX + 1):
+        # The two guesses combined: surer than its own guess and never below the curve so far.
+        assert told.doubt[n] <= own.doubt[n] + 1e-12
+        assert told.tpot.table[n] >= told.tpot.table[n - 1]
+    # The truth past its own frontier, as far as the mate saw, within the narrower doubt.
+    for n in (6, 12, 24, 32):
+        deviation = math.sqrt(told.doubt[n] ** 2 + told.spread**2)
+        assert abs(math.log(true_step(n) / told.tpot.at(n))) <= 2 * deviation, n
+    if unlike == 0.0:  # trusted as its own: the mate's curve, from the mate's level on
+        ratio = own.tpot.table[4] / mate.tpot.table[4]
+        assert told.tpot.at(24) == pytest.approx(mate.tpot.at(24) * ratio)
+        assert told.doubt[24] == 0.0
+    if unlike == 2.0:  # a stranger: nearly its own guess
+        assert told.doubt[64] == pytest.approx(own.doubt[64], rel=0.2)
+
+
+def test_an_unlike_mate_is_scaled_to_the_backends_own_level() -> None:
+    def slower(n: float) -> float:
+        return 1.5 * true_step(n)
+
+    own, mate = _seen(8, slower), _seen(32)
+    told = with_mate(own, mate, 0.0)
+    assert told.tpot.at(8) == pytest.approx(slower(8), rel=0.02)
+    # ... and shaped as the mate's curve past that
+    assert told.tpot.at(24) / told.tpot.at(8) == pytest.approx(mate.tpot.at(24) / mate.tpot.at(8))

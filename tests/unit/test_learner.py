@@ -1,0 +1,72 @@
+"""The learner: scrapes in, each backend's prediction out to routing, told what its tier-mates
+have seen past its own frontier."""
+
+from __future__ import annotations
+
+import math
+
+from gateway.learner import Learner
+from gateway.load.parse import EngineStats
+from gateway.registry import Registry
+from gateway.settings import BackendConfig, LearningConfig, Settings, TierConfig
+from gateway.state import MemoryInflightStore
+from gateway.telemetry import Telemetry
+
+MODEL = "m"
+POOL = ("http://awq-0:8000", "http://awq-1:8000")
+FAST = "http://eagle-0:8000"
+
+
+def _learner(unlike: float = 0.1) -> Learner:
+    def tier(name: str, role: str, urls: tuple[str, ...]) -> TierConfig:
+        backends = [BackendConfig(url=u, models=[MODEL]) for u in urls]
+        return TierConfig.model_validate({"name": name, "role": role, "backends": backends})
+
+    settings = Settings(
+        tiers=[tier("eagle", "latency", (FAST,)), tier("awq", "throughput", POOL)],
+        learning=LearningConfig(tier_unlike=unlike),
+    )
+    telemetry = Telemetry()
+    registry = Registry(settings, MemoryInflightStore(), telemetry, lambda: 0.0)
+    return Learner(registry, settings, telemetry, lambda: 0.0)
+
+
+def _run(learner: Learner, url: str, loads: range, step_s: float) -> None:
+    """Scrapes of `url` holding each of `loads` streams for a while, at `step_s` a step."""
+    entry, steps, t = learner.registry.entry(url), 0.0, 0.0
+    for n in loads:
+        for _ in range(8):
+            steps += 100
+            stats = EngineStats(running=n, itl_sum=steps * step_s, itl_count=steps)
+            learner.scraped(entry, {MODEL: stats}, t)
+            t += 0.25
+    learner.refresh()
+
+
+def test_a_backend_is_told_what_its_tier_mate_saw_past_its_frontier() -> None:
+    learner = _learner()
+    _run(learner, POOL[0], range(1, 33), 0.02)
+    _run(learner, POOL[1], range(1, 3), 0.02)
+    _run(learner, FAST, range(1, 3), 0.01)
+    curves = learner.registry.curves
+    seen, new = curves[POOL[0]], curves[POOL[1]]
+    own = learner.own[POOL[1]]
+    assert (seen.frontier, new.frontier) == (32, 2)  # what it saw is still its own
+    assert new is not own
+    for n in (4, 16, 32, 64):
+        assert new.doubt[n] < own.doubt[n]  # surer past its frontier than alone
+    assert new.tpot.at(16) < own.tpot.at(16)  # the mate found no knee there
+    # The mate that saw the most is told nothing; another tier's backend is told nothing.
+    assert seen is learner.own[POOL[0]]
+    assert curves[FAST] is learner.own[FAST]
+
+
+def test_a_tier_mate_learning_more_updates_the_others() -> None:
+    learner = _learner()
+    _run(learner, POOL[1], range(1, 3), 0.02)
+    before = learner.registry.curves[POOL[1]]
+    assert before is learner.own[POOL[1]]  # nothing seen further yet
+    _run(learner, POOL[0], range(1, 17), 0.02)  # only the mate learns
+    after = learner.registry.curves[POOL[1]]
+    assert after.doubt[16] < before.doubt[16]
+    assert math.isclose(after.tpot.at(2), before.tpot.at(2))
