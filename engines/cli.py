@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -136,8 +136,18 @@ def sim(
         if len(names) != 1 or "/" in names[0]:
             raise typer.BadParameter("one Triton model name, without '/'", param_hint="--model")
         tcfg = SimConfig(prof, names, None, speedup, seed, faults)
+        face: triton.GrpcFace | None = None
+        if grpc_port is not None:
+            from engines.sim.triton_grpc import serve_grpc
+
+            at = (host, grpc_port)
+
+            async def serve(front: triton.TritonFront) -> Any:
+                return await serve_grpc(front, *at)
+
+            face = serve
         triton.run(tcfg, host=host, port=port, metrics_port=metrics_port, log_level=log_level,
-                   grpc_port=grpc_port)  # fmt: skip
+                   grpc=face)  # fmt: skip
         return
     cfg = SimConfig(prof, list(model or []), api_key, speedup, seed, faults)
     uvicorn.run(

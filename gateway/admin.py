@@ -20,7 +20,7 @@ import hmac
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, Protocol
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import TypeAdapter, ValidationError
@@ -36,12 +36,11 @@ from gateway.settings import (
     release_problems,
 )
 from gateway.telemetry import Telemetry
-from gateway.workers import RELEASES_MESSAGE
 
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+__all__ = ["RELEASES_MESSAGE", "Control", "ops_guard", "router"]
 
-__all__ = ["Control", "ops_guard", "router"]
+# A worker's release table after an admin change, relayed to every worker (gateway.workers).
+RELEASES_MESSAGE = b"releases "
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +149,18 @@ def _weights(release: Release) -> dict[str, float]:
     return {v.name: v.weight for v in release.variants}
 
 
-def _gateway(request: Request) -> Gateway:
-    gw: Gateway = request.state.gateway
+class Served(Protocol):
+    """What the admin API reads of the gateway it serves (gateway.app.Gateway)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def control(self) -> Control: ...
+
+
+def _gateway(request: Request) -> Served:
+    gw: Served = request.state.gateway
     return gw
 
 

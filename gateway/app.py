@@ -293,7 +293,7 @@ class Proxy:
                 if ex.trace is None:
                     decision = await gw.admission.admit(ex)
                 else:
-                    decision = await ex.trace.admit(gw.admission, ex)
+                    decision = await ex.trace.admit(gw.admission.admit(ex))
             except GatewayError as e:
                 await gw.reject(ex, e)
                 return

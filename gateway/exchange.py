@@ -13,17 +13,86 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.routing import Backend, Decision, Role, RouteRequest, RouterState, Slo
 
-if TYPE_CHECKING:
-    from gateway.releases import Variant
-    from gateway.tenants import Tenant
-    from gateway.tracing import RequestTrace
+__all__ = [
+    "NO_DECISION",
+    "Allowance",
+    "Caller",
+    "Endpoint",
+    "Exchange",
+    "Send",
+    "Trace",
+    "Variant",
+    "body_of",
+]  # fmt: skip
 
-__all__ = ["NO_DECISION", "Endpoint", "Exchange", "Send", "body_of"]
+# What the request path reads of the parts that fill an exchange in from above it (tenants,
+# gray releases, tracing): declared here, as their consumer sees them, so that the request
+# object imports none of them.
+
+
+class Allowance(Protocol):
+    """A caller's limits (gateway.settings.LimitsConfig); None: none of that kind."""
+
+    @property
+    def requests_per_minute(self) -> int | None: ...
+
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+
+    @property
+    def max_concurrent(self) -> int | None: ...
+
+
+class Caller(Protocol):
+    """Who asked (gateway.tenants.Tenant)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...  # priority: higher goes first
+
+    @property
+    def limits(self) -> Allowance: ...
+
+    @property
+    def limited(self) -> bool: ...
+
+
+class Variant(Protocol):
+    """The gray release's variant serving a request (gateway.releases.Variant)."""
+
+    @property
+    def release(self) -> str: ...  # the model name clients ask for
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...  # the model name its backends serve
+
+
+class Trace(Protocol):
+    """A request's spans (gateway.tracing.RequestTrace), as the request path opens them."""
+
+    async def admit(self, admitting: Awaitable[Decision]) -> Decision: ...
+
+    def route(self, decide: Callable[[RouteRequest], Decision], req: RouteRequest) -> Decision:
+        ...
+
+    def attempt(self, ex: Exchange, backend: Backend) -> AbstractContextManager[None]: ...
+
+    def streaming(self) -> None: ...
+
+    def inject(self, headers: dict[str, str]) -> None: ...
+
+    def end(self, ex: Exchange) -> None: ...
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -55,7 +124,7 @@ class Exchange:
     started: float  # perf_counter at arrival
     task: asyncio.Task[Any] | None = None  # the task serving this request (what a cut cancels)
     # -- intake: what the client asked for
-    tenant: Tenant | None = None  # who asked (gateway.tenants); set once authenticated
+    tenant: Caller | None = None  # who asked (gateway.tenants); set once authenticated
     # vLLM's `priority` for engines with priority scheduling (lower runs first); None: none.
     priority: int | None = None
     limited: bool = False  # holds a place in its tenant's limits (gateway.limits) until over
@@ -101,7 +170,7 @@ class Exchange:
     # then cancel the request's task; upstream ends the answer cleanly with this message.
     cut_reason: str | None = None
     # Its spans, when tracing is on (gateway.tracing); None: nothing on the path traces.
-    trace: RequestTrace | None = None
+    trace: Trace | None = None
 
     def set_field(self, key: str, value: object) -> None:
         """Change a field of the request as the engines will get it (the body re-encoded)."""

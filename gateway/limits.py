@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.exchange import Exchange
+from gateway.exchange import Caller, Exchange
 from gateway.settings import TenantConfig
 from gateway.telemetry import Telemetry
-from gateway.tenants import ANONYMOUS, Tenant
+from gateway.tenants import ANONYMOUS
 
 __all__ = ["Limits", "LocalLimits", "Quota", "RedisLimits", "Verdict", "duration"]
 
@@ -82,7 +82,7 @@ class Verdict:
                 ]
         return out
 
-    def error(self, tenant: Tenant) -> GatewayError:
+    def error(self, tenant: Caller) -> GatewayError:
         what = {"requests": "requests per minute", "tokens": "tokens per minute",
                 "concurrency": "requests in flight"}[self.refused_by]  # fmt: skip
         retry = max(1, math.ceil(self.retry_after_s))
@@ -108,13 +108,13 @@ class LocalLimits:
         self.clock = clock
         self.usage: dict[str, _Usage] = {}
 
-    def usage_of(self, tenant: Tenant) -> _Usage:
+    def usage_of(self, tenant: Caller) -> _Usage:
         u = self.usage.get(tenant.name)
         if u is None:
             u = self.usage[tenant.name] = _Usage()
         return u
 
-    def admit(self, tenant: Tenant) -> Verdict:
+    def admit(self, tenant: Caller) -> Verdict:
         """Take a request slot (and a place in flight), or say why not."""
         lim, u, now = tenant.limits, self.usage_of(tenant), self.clock()
         starts = u.starts
@@ -141,13 +141,13 @@ class LocalLimits:
         u.inflight += 1
         return Verdict(True, requests, tokens)
 
-    def charge(self, tenant: Tenant, tokens: int) -> None:
+    def charge(self, tenant: Caller, tokens: int) -> None:
         tpm = tenant.limits.tokens_per_minute
         if tpm and tokens > 0:
             u, now = self.usage_of(tenant), self.clock()
             u.level = self._level(u, tpm, now) - tokens
 
-    def release(self, tenant: Tenant) -> None:
+    def release(self, tenant: Caller) -> None:
         u = self.usage.get(tenant.name)
         if u is not None and u.inflight > 0:
             u.inflight -= 1
@@ -253,7 +253,7 @@ class RedisLimits:
         except Exception as e:
             self._degrade(e)
 
-    async def admit(self, tenant: Tenant) -> Verdict:
+    async def admit(self, tenant: Caller) -> Verdict:
         lim = tenant.limits
         if not (lim.requests_per_minute or lim.tokens_per_minute):
             return self.local.admit(tenant)
@@ -275,7 +275,7 @@ class RedisLimits:
             self.local.usage_of(tenant).inflight += 1
         return verdict
 
-    async def charge(self, tenant: Tenant, tokens: int) -> None:
+    async def charge(self, tenant: Caller, tokens: int) -> None:
         tpm = tenant.limits.tokens_per_minute
         if not tpm or tokens <= 0:
             return
@@ -287,7 +287,7 @@ class RedisLimits:
             self._degrade(e)
             self.local.charge(tenant, tokens)
 
-    def release(self, tenant: Tenant) -> None:
+    def release(self, tenant: Caller) -> None:
         self.local.release(tenant)
 
     async def aclose(self) -> None:

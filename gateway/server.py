@@ -42,7 +42,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httptools
 import uvicorn
@@ -56,9 +56,6 @@ from uvicorn.server import ServerState
 from gateway.drain import Drain
 from gateway.errors import error_json
 from gateway.settings import ServerConfig, Settings, ShutdownConfig
-
-if TYPE_CHECKING:
-    from gateway.app import GatewayApp
 
 __all__ = [
     "CLIENT_GONE",
@@ -357,7 +354,19 @@ class GatewayServer(uvicorn.Server):
                 self.guard.refused.clear()
 
 
-def build_server(settings: Settings, app: GatewayApp) -> GatewayServer:
+class ServedApp(Protocol):
+    """What the server needs of the app it serves (gateway.app.GatewayApp): an ASGI app, its
+    shutdown state, and what reloads its configuration on SIGHUP."""
+
+    @property
+    def drain(self) -> Drain: ...
+
+    def hangup(self) -> None: ...
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None: ...
+
+
+def build_server(settings: Settings, app: ServedApp) -> GatewayServer:
     """The server for `app`, as `settings` say (it binds host and port itself unless given
     sockets: `run_server`)."""
     config = GatewayConfig(

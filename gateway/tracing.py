@@ -20,7 +20,7 @@ Off, the gateway holds no `Tracing` and no exchange a `RequestTrace`: the reques
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,6 @@ from gateway.routing import Backend, Decision, Reason, RouteRequest
 from gateway.tracing_env import trace_exporters
 
 if TYPE_CHECKING:
-    from gateway.admission import Admission
     from gateway.exchange import Exchange
     from gateway.registry import Registry
 
@@ -102,12 +101,12 @@ class RequestTrace:
         self.queued = False  # the first decision found every backend saturated
 
     # -- admission and routing -------------------------------------------------------------
-    async def admit(self, admission: Admission, ex: Exchange) -> Decision:
-        """`admission.admit(ex)` inside an `admission` span."""
+    async def admit(self, admitting: Awaitable[Decision]) -> Decision:
+        """`admitting` (the admission of this request) inside an `admission` span."""
         span = self.tracing.tracer.start_span("admission", self.context)
         self.parent = trace.set_span_in_context(span)
         try:
-            decision = await admission.admit(ex)
+            decision = await admitting
             if self.queued:  # decided again after the wait: the decision it went out with
                 span.set_attribute("tiergate.route.reason", decision.reason)
         except GatewayError as e:

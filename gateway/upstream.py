@@ -26,7 +26,7 @@ import aiohttp
 
 from gateway.continuation import SplicedRelay, continued_body, replay, whole_events
 from gateway.errors import error_json
-from gateway.exchange import Exchange
+from gateway.exchange import Exchange, Trace
 from gateway.hedge import hedge_after, hedge_backend
 from gateway.http1 import Http1Pool
 from gateway.registry import BackendEntry, Lease, Registry
@@ -40,7 +40,6 @@ from gateway.wire import StreamRelay
 
 if TYPE_CHECKING:
     from gateway.learner import Learner
-    from gateway.tracing import RequestTrace
 
 __all__ = ["Upstream"]
 
@@ -147,7 +146,7 @@ class Upstream:
         return headers
 
     async def _traced_attempt(self, ex: Exchange, backend: Backend) -> None:
-        with cast("RequestTrace", ex.trace).attempt(ex, backend):
+        with cast("Trace", ex.trace).attempt(ex, backend):
             await self._attempt(ex, backend)
 
     async def _attempt(self, ex: Exchange, backend: Backend) -> None:

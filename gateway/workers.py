@@ -58,18 +58,17 @@ from typing import Any
 
 from prometheus_client.multiprocess import mark_process_dead
 
+from gateway.admin import RELEASES_MESSAGE
 from gateway.settings import LimitsConfig, Settings
 from gateway.state import SharedTable
 
-__all__ = ["RELEASES_MESSAGE", "WorkerSpec", "supervise"]
+__all__ = ["WorkerSpec", "supervise"]
 
 log = logging.getLogger(__name__)
 
 _STARTED = b"started"
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _HANGUP = b"SIGHUP"
-# A worker's release table after an admin change (gateway.admin), relayed to every worker.
-RELEASES_MESSAGE = b"releases "
 
 
 @dataclass(frozen=True, slots=True)

@@ -468,12 +468,18 @@ class TritonFront:
         return out
 
 
+# Starts a front's gRPC face and returns its server, which the app stops on shutdown
+# (engines.sim.triton_grpc.serve_grpc bound to an address, by the command that composes the
+# two: grpc and tritonclient load only where a simulator serves gRPC).
+GrpcFace = Callable[["TritonFront"], Awaitable[Any]]
+
+
 def create_apps(
-    cfg: SimConfig, *, separate_metrics: bool = False, grpc_at: tuple[str, int] | None = None
+    cfg: SimConfig, *, separate_metrics: bool = False, grpc: GrpcFace | None = None
 ) -> tuple[Starlette, Starlette]:
     """The Triton API app and the metrics app. With `separate_metrics` the metrics are only on
     the second app (serve it on its own port, as Triton's 8002); otherwise also at /metrics.
-    With `grpc_at` (host, port) the app's lifespan also serves the gRPC face there."""
+    With `grpc` the app's lifespan also serves the gRPC face."""
     model = cfg.served_models[0]
     if "/" in model or len(cfg.served_models) != 1:
         raise ValueError(f"a Triton model name is one name without '/', got {cfg.served_models}")
@@ -587,12 +593,10 @@ def create_apps(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with sim.running():
-            if grpc_at is None:
+            if grpc is None:
                 yield
                 return
-            from engines.sim.triton_grpc import serve_grpc
-
-            server = await serve_grpc(front, *grpc_at)
+            server = await grpc(front)
             try:
                 yield
             finally:
@@ -679,14 +683,13 @@ def run(
     port: int,
     metrics_port: int | None,
     log_level: str,
-    grpc_port: int | None = None,
+    grpc: GrpcFace | None = None,
 ) -> None:
-    """Serve the Triton face (its metrics on `metrics_port`, its gRPC face on `grpc_port`, if
-    given) until stopped."""
+    """Serve the Triton face (its metrics on `metrics_port`, if given, and its gRPC face by
+    `grpc`) until stopped."""
     import uvloop
 
-    grpc_at = None if grpc_port is None else (host, grpc_port)
-    app, metrics_app = create_apps(cfg, separate_metrics=metrics_port is not None, grpc_at=grpc_at)
+    app, metrics_app = create_apps(cfg, separate_metrics=metrics_port is not None, grpc=grpc)
     common: dict[str, Any] = {"host": host, "log_level": log_level, "access_log": False,
                               "loop": "uvloop", "http": "httptools",
                               "timeout_graceful_shutdown": 1}  # fmt: skip

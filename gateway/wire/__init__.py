@@ -18,9 +18,8 @@ from gateway.load.parse import EngineStats
 
 if TYPE_CHECKING:
     from gateway.exchange import Exchange
-    from gateway.settings import BackendConfig
 
-__all__ = ["Incompatible", "StreamRelay", "WireAdapter", "adapter", "kinds"]
+__all__ = ["BackendOptions", "Incompatible", "StreamRelay", "WireAdapter", "adapter", "kinds"]
 
 
 class Incompatible(NamedTuple):
@@ -28,6 +27,16 @@ class Incompatible(NamedTuple):
 
     param: str | None
     message: str
+
+
+class BackendOptions(Protocol):
+    """What an adapter reads of its backend's configuration (gateway.settings.BackendConfig)."""
+
+    @property
+    def priority_scheduling(self) -> bool: ...
+
+    @property
+    def triton_models(self) -> Mapping[str, str]: ...
 
 
 class StreamRelay(Protocol):
@@ -68,7 +77,7 @@ class WireAdapter(Protocol):
         """None when this kind of backend can serve `ex`."""
         ...
 
-    def request(self, ex: Exchange, backend: BackendConfig) -> tuple[str, bytes]:
+    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
         """The path (after the backend's base URL) and body of the upstream request."""
         ...
 

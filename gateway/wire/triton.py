@@ -33,11 +33,10 @@ from urllib.parse import quote
 
 from gateway.errors import error_body, error_json, sse_error
 from gateway.load.parse import EngineStats, parse_triton_metrics
-from gateway.wire import Incompatible
+from gateway.wire import BackendOptions, Incompatible
 
 if TYPE_CHECKING:
     from gateway.exchange import Exchange
-    from gateway.settings import BackendConfig
 
 __all__ = [
     "ADAPTER",
@@ -453,7 +452,7 @@ class TritonAdapter:
             )  # fmt: skip
         return call
 
-    def request(self, ex: Exchange, backend: BackendConfig) -> tuple[str, bytes]:
+    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
         call = self._call(ex)
         return call.path(backend.triton_models.get(ex.model, ex.model)), call.body
 

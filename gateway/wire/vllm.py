@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 from gateway.errors import error_json, sse_error
 from gateway.exchange import body_of
 from gateway.load.parse import EngineStats, parse_vllm_metrics
-from gateway.wire import Incompatible
+from gateway.wire import BackendOptions, Incompatible
 
 if TYPE_CHECKING:
     from gateway.exchange import Exchange
-    from gateway.settings import BackendConfig
 
 __all__ = ["ADAPTER", "VllmAdapter", "VllmRelay", "completion_tokens", "has_text"]
 
@@ -89,7 +88,7 @@ class VllmAdapter:
     def incompatibility(self, ex: Exchange) -> Incompatible | None:
         return None
 
-    def request(self, ex: Exchange, backend: BackendConfig) -> tuple[str, bytes]:
+    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
         if backend.priority_scheduling and ex.priority and "priority" not in ex.data:
             body = ex.prepared.get("vllm_priority")
             if not isinstance(body, bytes):

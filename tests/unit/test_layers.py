@@ -4,6 +4,7 @@ imported in a fresh interpreter, so that nothing another test imported can hide 
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -106,3 +107,85 @@ def test_importing_the_gateway_package_loads_no_other_layer() -> None:
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def imports_of(package: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """Each module of `package` (read, not run) and the modules of `package` it imports:
+    every import statement counts, at the top, inside a function, or for type checking only.
+    Importing `a.b.c` counts as importing `a.b.c` (a package's `__init__` is a module too)."""
+    files = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        files[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package `level` - 1 steps up
+                    up = here[: len(here) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
+                           for a in node.names]  # fmt: skip
+            graph[name].update(t for t in targets if t in files and t != name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_import_circle_in_the_package(package: str) -> None:
+    graph = imports_of(package)
+    assert len(graph) > 1
+    found = circles(graph)
+    detail = [{m: sorted(graph[m] & set(c)) for m in c} for c in found]
+    assert found == [], f"import circles in {package}: {detail}"
+
+
+def test_the_circle_check_sees_a_circle_through_a_type_only_import(tmp_path: Path) -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    # A package read from files: an import under TYPE_CHECKING and one inside a function count.
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "one.py").write_text("from typing import TYPE_CHECKING\n"
+                                "if TYPE_CHECKING:\n    from pkg.two import X\n")  # fmt: skip
+    (pkg / "two.py").write_text("def f():\n    from . import one\n")
+    graph = imports_of("pkg", tmp_path)
+    assert circles(graph) == [["pkg.one", "pkg.two"]]
