@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from gateway import api
+from gateway.engine_metrics import EngineStats
 from gateway.exchange import Exchange
 from gateway.latency_model import UNKNOWN, BackendModel, EngineSample, with_mate
-from gateway.load.parse import EngineStats
 from gateway.registry import BackendEntry, Registry
 from gateway.routing import Role
 from gateway.routing.curves import Prediction

@@ -32,10 +32,10 @@ from typing import Any
 
 from engines.sim.profile import Profile, load_profile
 from engines.sim.scheduler import Scheduler, Sequence
+from gateway.engine_metrics import EngineStats
 from gateway.exchange import Endpoint, Exchange
 from gateway.learner import Learner, slo_limit
 from gateway.load.monitor import Monitor
-from gateway.load.parse import EngineStats
 from gateway.registry import BackendEntry, Registry
 from gateway.router import Router
 from gateway.routing import PolicyParams, Reason, Role, Slo
@@ -167,7 +167,7 @@ class _Engine:
     finished: int = 0
 
     def stats(self) -> dict[str, EngineStats]:
-        """The engine's metrics page, parsed (what gateway.load.parse would return)."""
+        """The engine's metrics page, parsed (what gateway.engine_metrics would return)."""
         spec = self.sched.spec if self.sched.lookahead else None
         return {MODEL: EngineStats(
             running=self.running, waiting=self.waiting, kv_usage=self.kv_usage,

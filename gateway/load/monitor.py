@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from gateway.load.parse import EngineStats, MetricsParseError
+from gateway.engine_metrics import EngineStats, MetricsParseError
 from gateway.registry import BackendEntry, Registry
 from gateway.settings import MonitorConfig
 from gateway.telemetry import Telemetry

@@ -14,7 +14,7 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from gateway.load.parse import EngineStats
+from gateway.engine_metrics import EngineStats
 
 if TYPE_CHECKING:
     from gateway.exchange import Exchange

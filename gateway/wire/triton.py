@@ -31,8 +31,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from gateway.engine_metrics import EngineStats, parse_triton_metrics
 from gateway.errors import error_body, error_json, sse_error
-from gateway.load.parse import EngineStats, parse_triton_metrics
 from gateway.wire import BackendOptions, Incompatible
 
 if TYPE_CHECKING:

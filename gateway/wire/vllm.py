@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from gateway.engine_metrics import EngineStats, parse_vllm_metrics
 from gateway.errors import error_json, sse_error
 from gateway.exchange import body_of
-from gateway.load.parse import EngineStats, parse_vllm_metrics
 from gateway.wire import BackendOptions, Incompatible
 
 if TYPE_CHECKING:

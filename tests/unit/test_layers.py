@@ -189,3 +189,65 @@ def test_the_circle_check_sees_a_circle_through_a_type_only_import(tmp_path: Pat
     (pkg / "two.py").write_text("def f():\n    from . import one\n")
     graph = imports_of("pkg", tmp_path)
     assert circles(graph) == [["pkg.one", "pkg.two"]]
+
+
+# The floors inside the gateway, bottom up (each module or package by its name under gateway/):
+# each imports only from its own floor or those below: the contracts (API models, errors, the
+# exchange, transport and wire protocols, routing), the configuration, the backends' state, the
+# request pipeline, the host. (The modules lie flat still; the floors are these names.)
+FLOORS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("contracts", frozenset({"api", "errors", "exchange", "transport", "http1", "engine_metrics",
+                             "routing", "wire"})),
+    ("config", frozenset({"settings", "tracing_env"})),
+    ("backends", frozenset({"state", "outlier", "registry", "load", "latency_model", "learner",
+                            "telemetry", "triton_grpc"})),
+    ("pipeline", frozenset({"intake", "limits", "tenants", "releases", "admission", "router",
+                            "upstream", "retry", "hedge", "continuation", "watchdog", "shadow",
+                            "drain", "tracing"})),
+    ("host", frozenset({"app", "admin", "server", "workers", "cli"})),
+)  # fmt: skip
+
+
+def floor_of(module: str) -> int:
+    """The floor of `gateway.<name>[...]` (the package itself: the top)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(FLOORS)
+    for i, (_, names) in enumerate(FLOORS):
+        if parts[1] in names:
+            return i
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS")
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a floor to one above it."""
+    def name(m: str) -> str:
+        f = floor_of(m)
+        return f"{m} ({FLOORS[f][0] if f < len(FLOORS) else 'package'})"
+
+    return [f"{name(m)} imports {name(d)}" for m, deps in sorted(graph.items())
+            for d in sorted(deps) if "." in m and floor_of(d) > floor_of(m)]  # fmt: skip
+
+
+def test_every_import_in_the_gateway_points_down_its_floors() -> None:
+    graph = imports_of("gateway")
+    assert {m.split(".")[1] for m in graph if "." in m} == set().union(*(n for _, n in FLOORS))
+    assert upward(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "floor"),
+    [("gateway.exchange", "contracts"), ("gateway.routing.learned", "contracts"),
+     ("gateway.settings", "config"), ("gateway.load.monitor", "backends"),
+     ("gateway.upstream", "pipeline"), ("gateway.app", "host")],
+)  # fmt: skip
+def test_the_floor_of_a_module(module: str, floor: str) -> None:
+    assert FLOORS[floor_of(module)][0] == floor
+
+
+def test_an_import_up_the_floors_is_found() -> None:
+    graph = {"gateway.exchange": {"gateway.tracing"}, "gateway.tracing": {"gateway.exchange"},
+             "gateway.app": {"gateway.upstream"}}  # fmt: skip
+    assert upward(graph) == ["gateway.exchange (contracts) imports gateway.tracing (pipeline)"]
+    with pytest.raises(AssertionError, match="on no floor"):
+        floor_of("gateway.newcomer")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from gateway.engine_metrics import EngineStats
 from gateway.learner import Learner
-from gateway.load.parse import EngineStats
 from gateway.registry import Registry
 from gateway.settings import BackendConfig, LearningConfig, Settings, TierConfig
 from gateway.state import MemoryInflightStore

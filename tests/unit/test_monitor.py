@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from gateway.engine_metrics import EngineStats
 from gateway.load.monitor import Monitor, ScrapeFailed, merge
-from gateway.load.parse import EngineStats
 from gateway.registry import Registry
 from gateway.settings import Settings
 from gateway.state import MemoryInflightStore

@@ -20,7 +20,7 @@ from engines.sim.triton import (
     parse_generate,
     render_metrics,
 )
-from gateway.load.parse import parse_triton_metrics
+from gateway.engine_metrics import parse_triton_metrics
 from gateway.settings import ConfigError, load_settings
 
 REPO = Path(__file__).resolve().parents[2] / "engines" / "triton" / "model_repository"

@@ -3,9 +3,9 @@
 No I/O here: the monitor fetches the text and hands it in; these functions turn it into
 per-model :class:`EngineStats`.
 
-Parser choice (measured before picking, as the task asked): a vLLM page built the way vLLM
+Parser choice (measured before picking): a vLLM page built the way vLLM
 builds it (prometheus_client, every V1 engine metric with default buckets, ``_created`` gauges,
-python/process/http collectors; ``vllm_page`` in tests/unit/test_load_parse.py), CPython 3.11,
+python/process/http collectors; ``vllm_page`` in tests/unit/test_engine_metrics.py), CPython 3.11,
 best of 7 x 300 runs, per page:
 
 =============================  ========================  =============  ========

@@ -1,4 +1,4 @@
-"""Tests of the pure engine-metrics parsers (gateway.load.parse)."""
+"""Tests of the pure engine-metrics parsers (gateway.engine_metrics)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.load import EngineStats, MetricsParseError, parse_triton_metrics, parse_vllm_metrics
+from gateway.engine_metrics import (
+    EngineStats,
+    MetricsParseError,
+    parse_triton_metrics,
+    parse_vllm_metrics,
+)
 
 
 def _floats(spaced: str) -> list[float]:
@@ -217,7 +222,7 @@ def first_20_kb(text: str) -> str:
 
 
 def test_realistic_page_is_at_least_20_kb() -> None:
-    # Guards the benchmark premise quoted in gateway/load/parse.py.
+    # Guards the benchmark premise quoted in gateway/engine_metrics.py.
     assert len(vllm_page(ONE_ENGINE).encode()) >= 20_000
     assert 19_000 <= len(first_20_kb(vllm_page(ONE_ENGINE)).encode()) <= 20_480
 
