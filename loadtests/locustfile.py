@@ -73,6 +73,13 @@ def _add_options(parser: Any) -> None:
         choices=["", "latency", "throughput"],
         help="pin requests to a tier (x-tiergate-tier request header)",
     )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="stop once this process has recorded this many requests (0: run for --run-time, "
+        "which stays the cap)",
+    )
     # Shared by the step and burst scenarios (declared here so that they cannot clash).
     parser.add_argument(
         "--phase-seconds",
@@ -277,6 +284,9 @@ class CompletionsUser(FastHttpUser):
         }
         if recorder is not None:
             recorder.add(rec)
+            cap = self.environment.parsed_options.stop_after
+            if cap and len(recorder.records) == cap and runner is not None:
+                gevent.spawn(runner.quit)  # not from this user's greenlet, which quit kills
         if status == 0:
             gevent.sleep(0.2)  # no server: do not spin the load generator's CPU on refusals
         return rec
