@@ -55,12 +55,16 @@ class Control:
     """Changes to the gateway's releases while it runs."""
 
     def __init__(
-        self, settings: Settings, releases: Releases, served: frozenset[str], telemetry: Telemetry
+        self,
+        settings: Settings,
+        releases: Releases,
+        served: frozenset[str],
+        telemetry: Telemetry,
+        publish: Callable[[bytes], None] | None = None,
     ) -> None:
         self.settings, self.releases, self.served = settings, releases, served
-        self.telemetry = telemetry
-        # Set by a worker of several: hands the release table to the others.
-        self.publish: Callable[[bytes], None] | None = None
+        # A worker of several: what hands the release table to the others.
+        self.telemetry, self.publish = telemetry, publish
         self.declare()
 
     def declare(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from gateway.errors import GatewayError
 from gateway.exchange import Exchange
@@ -18,9 +19,20 @@ from gateway.registry import ChangeSignal
 from gateway.routing import Backend, Decision, Reason, RouteRequest
 from gateway.telemetry import Telemetry
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "Queueing"]
 
 _RETRY_AFTER = [(b"retry-after", b"1")]
+
+
+@dataclass(frozen=True, slots=True)
+class Queueing:
+    """How admission holds what it cannot route yet."""
+
+    deadline_s: float  # how long a request may wait for room before its 429
+    priorities: bool = True  # tenants' priorities and fair shares order the queue
+    # Where an interactive request may take the place of a batch one still waiting for its
+    # first byte on one of `candidates` (gateway.registry.Registry.displace); None: never.
+    displace: Callable[[Iterable[Backend], int], Backend | None] | None = None
 
 
 class Admission:
@@ -28,14 +40,14 @@ class Admission:
         self,
         decide: Callable[[RouteRequest], Decision],
         changed: ChangeSignal,
-        deadline_s: float,
+        queueing: Queueing,
         telemetry: Telemetry,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.decide, self.changed, self.deadline_s = decide, changed, deadline_s
+        self.decide, self.changed = decide, changed
+        self.deadline_s, self.priorities = queueing.deadline_s, queueing.priorities
+        self.displace = queueing.displace
         self.telemetry, self.clock = telemetry, clock
-        self.priorities = True  # tenants' priorities and fair shares order the queue
-        self.displace: Callable[[Iterable[Backend], int], Backend | None] | None = None
 
     async def admit(self, ex: Exchange) -> Decision:
         """The decision `ex` goes out with; a GatewayError (429, 503) when it cannot go."""

@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException
 
 from gateway import admin, api
 from gateway.admin import Control
-from gateway.admission import Admission
+from gateway.admission import Admission, Queueing
 from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body, first_problem
 from gateway.exchange import Endpoint, Exchange, Send
@@ -111,12 +111,14 @@ async def open_gateway(
     drain: Drain | None = None,
     store: InflightStore | None = None,
     tracer_provider: TracerProvider | None = None,
+    publish: Callable[[bytes], None] | None = None,
 ) -> AsyncIterator[Gateway]:
     """Build the gateway, start its background work (state sync, load monitor), and take it
     all down again on exit. `drain`: the shutdown state its runner shares (a new one if none);
     `store`: the in-flight counts (`make_store(settings.redis_url)` if none; a worker of
     several passes its view of the table the workers share); `tracer_provider`: where spans
-    go (the caller's to shut down), else the one the OTEL_* environment asks for, if any."""
+    go (the caller's to shut down), else the one the OTEL_* environment asks for, if any;
+    `publish`: how a worker of several hands admin changes to the others."""
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
         tracing: Tracing | None = None
@@ -148,14 +150,15 @@ async def open_gateway(
         await store.start()
         stack.push_async_callback(store.aclose)
         registry = Registry(settings, store, telemetry)
-        monitor = Monitor(registry, settings.monitor, session, telemetry)
-        router = Router(settings.policy, registry)
         learner = Learner(registry, settings, telemetry)
+        monitor = Monitor(registry, settings.monitor, session, telemetry, learner)
+        router = Router(settings.policy, registry)
         if tracer_provider is not None:
             tracing = Tracing(tracer_provider, registry)
-        monitor.learner = learner
         releases = Releases(settings.releases)
-        upstream = Upstream(pool, registry, telemetry, settings)
+        upstream = Upstream(pool, registry, telemetry, settings, learner)
+        displace = registry.displace if settings.priorities and settings.tenants else None
+        queueing = Queueing(settings.policy.queue_deadline_s, settings.priorities, displace)
         gw = Gateway(
             settings=settings,
             telemetry=telemetry,
@@ -165,22 +168,17 @@ async def open_gateway(
             router=router,
             learner=learner,
             intake=Intake(settings, registry, releases),
-            admission=Admission(
-                router.decide, registry.changed, settings.policy.queue_deadline_s, telemetry
-            ),
+            admission=Admission(router.decide, registry.changed, queueing, telemetry),
             upstream=upstream,
             drain=drain or Drain(),
-            control=Control(settings, releases, frozenset(registry.models), telemetry),
+            control=Control(settings, releases, frozenset(registry.models), telemetry, publish),
             shadow=Shadow(router.decide, upstream, telemetry),
             limits=Limits(
                 settings.redis_url if settings.tenants else None, telemetry, settings.tenants
             ),
             tracing=tracing,
         )
-        gw.upstream.learner = learner
-        gw.admission.priorities = settings.priorities
-        if settings.priorities and settings.tenants:
-            gw.admission.displace = registry.displace
+        if displace is not None:
             for e in registry:  # its series at 0 (see Telemetry.declare_variants)
                 telemetry.child(telemetry.displaced, e.backend.role.value, e.url)
         stack.push_async_callback(gw.upstream.aclose)
@@ -394,13 +392,14 @@ def create_app(
     settings: Settings,
     store: InflightStore | None = None,
     tracer_provider: TracerProvider | None = None,
+    publish: Callable[[bytes], None] | None = None,
 ) -> GatewayApp:
-    """The app; `store` and `tracer_provider`: as for `open_gateway`."""
+    """The app; `store`, `tracer_provider` and `publish`: as for `open_gateway`."""
     drain = Drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        async with open_gateway(settings, drain, store, tracer_provider) as gw:
+        async with open_gateway(settings, drain, store, tracer_provider, publish) as gw:
             outer.gateway = gw
             try:
                 yield {"gateway": gw}

@@ -257,7 +257,13 @@ def _peer(client: tuple[str, int] | None) -> str:
 
 
 class GatewayServer(uvicorn.Server):
-    def __init__(self, config: GatewayConfig, drain: Drain, shutdown: ShutdownConfig) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        drain: Drain,
+        shutdown: ShutdownConfig,
+        hangup: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__(config)
         self.guard = config.guard
         self.drain, self.stopping = drain, shutdown
@@ -265,7 +271,7 @@ class GatewayServer(uvicorn.Server):
         self.hurry = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._drainer: asyncio.Task[None] | None = None
-        self.hangup: Callable[[], None] = lambda: None  # what SIGHUP does (build_server)
+        self.hangup = hangup  # what SIGHUP does (the app's reload)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -385,8 +391,7 @@ def build_server(settings: Settings, app: ServedApp) -> GatewayServer:
         # A last resort only: the drain ends every request at its own deadline.
         timeout_graceful_shutdown=settings.shutdown.drain_timeout_s + CUT_GRACE_S,
     )
-    server = GatewayServer(config, app.drain, settings.shutdown)
-    server.hangup = app.hangup
+    server = GatewayServer(config, app.drain, settings.shutdown, app.hangup)
     # Each client connection may hold an engine connection too.
     raise_fd_limit(2 * settings.server.max_connections + 256)
     return server

@@ -19,8 +19,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import aiohttp
 
@@ -38,10 +37,7 @@ from gateway.transport import UpstreamResponse
 from gateway.watchdog import StreamWatchdog
 from gateway.wire import StreamRelay
 
-if TYPE_CHECKING:
-    from gateway.learner import Learner
-
-__all__ = ["Upstream"]
+__all__ = ["SlowStarts", "Upstream"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +67,12 @@ def _uncancel() -> None:
         task.uncancel()
 
 
+class SlowStarts(Protocol):
+    """Who learns that a backend was slow to start a stream (gateway.learner.Learner)."""
+
+    def slow_start(self, url: str, load: int, waited: float) -> None: ...
+
+
 class Upstream:
     def __init__(
         self,
@@ -78,19 +80,19 @@ class Upstream:
         registry: Registry,
         telemetry: Telemetry,
         settings: Settings,
-        clock: Callable[[], float] = time.perf_counter,
+        learner: SlowStarts | None = None,
     ) -> None:
-        self.pool, self.registry, self.telemetry, self.clock = (
-            pool, registry, telemetry, clock)  # fmt: skip
+        self.pool, self.registry, self.telemetry = pool, registry, telemetry
+        self.clock = time.perf_counter
+        # Who learns from hedges (the latency model).
+        self.learner = learner
         for entry in registry:
             if entry.grpc is None:
                 entry.transport = pool
         self.retry = RetryExecutor(settings.retry, self)
         self.continuation = settings.continuation
         self.hedge = settings.hedge
-        self.watchdog = StreamWatchdog(registry, settings.stream_idle_timeout_s, clock)
-        # Who learns from hedges (the latency model), set by whoever builds both.
-        self.learner: Learner | None = None
+        self.watchdog = StreamWatchdog(registry, settings.stream_idle_timeout_s, self.clock)
         self.first_byte_timeout_s = settings.retry.first_byte_timeout_s
         # With no API keys of its own, the gateway lets the client's credentials through.
         self.passthrough_auth = not settings.api_keys and not settings.tenants

@@ -301,7 +301,8 @@ def _work(settings: Settings, spec: WorkerSpec, conn: Connection) -> None:
         signal.signal(sig, signal.SIG_IGN)
     setup_logging(settings.log_level, settings.log_json)
     shared = None if spec.table is None else (spec.table, spec.slot)
-    app = create_app(settings, make_store(settings.redis_url, shared))
+    # Its admin changes go to the other workers too.
+    app = create_app(settings, make_store(settings.redis_url, shared), None, conn.send_bytes)
     server = build_server(settings, app)
     sockets = bind(settings.host, spec.port)
 
@@ -324,8 +325,6 @@ def _work(settings: Settings, spec: WorkerSpec, conn: Connection) -> None:
             server.on_signal(signal.Signals[message.decode()])
 
     async def started() -> None:
-        if app.gateway is not None:  # its admin changes go to the other workers too
-            app.gateway.control.publish = conn.send_bytes
         conn.send_bytes(_STARTED)
 
     async def main() -> None:

@@ -214,11 +214,10 @@ class _Sim:
         self.store = MemoryInflightStore()
         self.registry = Registry(self.settings, self.store, telemetry, clock)
         session: Any = None  # Monitor.observe does no I/O
-        self.monitor = Monitor(self.registry, self.settings.monitor, session, telemetry, clock)
         self.learner = Learner(self.registry, self.settings, telemetry, clock)
         self.learn = spec.policy == "learned"
-        if self.learn:
-            self.monitor.learner = self.learner
+        self.monitor = Monitor(self.registry, self.settings.monitor, session, telemetry,
+                               self.learner if self.learn else None)  # fmt: skip
         self.router = Router(self.settings.policy, self.registry)
         self.engines: list[_Engine] = []
         for i, (url, _tier, _role, name) in enumerate(urls):

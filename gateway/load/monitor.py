@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
@@ -32,7 +31,6 @@ from gateway.settings import MonitorConfig
 from gateway.telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from gateway.learner import Learner
     from gateway.load.triton import TritonReadiness
 
 __all__ = ["Monitor", "ScrapeFailed", "merge"]
@@ -70,6 +68,16 @@ def merge(stats: Mapping[str, EngineStats]) -> tuple[int, int, float, float | No
     return running, waiting, kv, (sum(acc) / len(acc) if acc else None), (sum(gen) if gen else None)
 
 
+class ScrapeListener(Protocol):
+    """Who else learns from each scrape (gateway.learner.Learner: the latency model)."""
+
+    def scraped(
+        self, entry: BackendEntry, stats: Mapping[str, EngineStats], now: float
+    ) -> None: ...
+
+    def refresh(self) -> None: ...
+
+
 class Monitor:
     def __init__(
         self,
@@ -77,10 +85,11 @@ class Monitor:
         cfg: MonitorConfig,
         session: aiohttp.ClientSession,
         telemetry: Telemetry,
-        clock: Callable[[], float] = time.monotonic,
+        learner: ScrapeListener | None = None,
     ) -> None:
         self.registry, self.cfg, self.session = registry, cfg, session
-        self.telemetry, self.clock = telemetry, clock
+        # The registry's clock: scrapes are stamped on the clock leases and snapshots use.
+        self.telemetry, self.clock, self.learner = telemetry, registry.clock, learner
         self._watch = {e.url: _Watch() for e in registry}
         self._task: asyncio.Task[None] | None = None
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
@@ -91,8 +100,6 @@ class Monitor:
 
             self._triton = {e.url: TritonReadiness(e, cfg.scrape_timeout_s)
                             for e in registry if e.adapter.kind == "triton"}  # fmt: skip
-        # Who else learns from each scrape (the latency model), set by whoever builds both.
-        self.learner: Learner | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:

@@ -36,7 +36,7 @@ def build(**monitor: Any) -> tuple[Monitor, Registry, Clock]:
     )
     reg = Registry(settings, MemoryInflightStore(), Telemetry(), clock)
     session: Any = None  # observe() does no I/O
-    return Monitor(reg, settings.monitor, session, Telemetry(), clock), reg, clock
+    return Monitor(reg, settings.monitor, session, Telemetry()), reg, clock
 
 
 def page(running: float = 0, waiting: float = 0, generated: float | None = 0.0,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import Admission
+from gateway.admission import Admission, Queueing
 from gateway.errors import GatewayError
 from gateway.exchange import Endpoint, Exchange
 from gateway.intake import Intake
@@ -216,7 +216,7 @@ def exchange() -> Exchange:
 async def test_admission_passes_a_decision_with_room_at_once() -> None:
     decide = Decider(decision(Reason.LEAST_LOADED, B))
     ex = exchange()
-    got = await Admission(decide, ChangeSignal(), 5.0, Telemetry()).admit(ex)
+    got = await Admission(decide, ChangeSignal(), Queueing(5.0), Telemetry()).admit(ex)
     assert got.candidates == (B,)
     assert ex.decision is got
     assert decide.calls == 1
@@ -227,7 +227,7 @@ async def test_a_saturated_request_waits_for_capacity_then_goes() -> None:
     decide = Decider(decision(Reason.SATURATED, B), decision(Reason.SATURATED, B),
                      decision(Reason.LEAST_LOADED, B))  # fmt: skip
     t = Telemetry()
-    task = asyncio.create_task(Admission(decide, signal, 30.0, t).admit(exchange()))
+    task = asyncio.create_task(Admission(decide, signal, Queueing(30.0), t).admit(exchange()))
     await asyncio.sleep(0)
     assert signal.waiting == 1
     assert t.queued._value.get() == 1
@@ -246,7 +246,7 @@ async def test_a_saturated_request_waits_for_capacity_then_goes() -> None:
 async def test_still_saturated_at_the_deadline_is_429_with_retry_after() -> None:
     decide = Decider(decision(Reason.SATURATED, B))
     with pytest.raises(GatewayError) as err:
-        await Admission(decide, ChangeSignal(), 0.02, Telemetry()).admit(exchange())
+        await Admission(decide, ChangeSignal(), Queueing(0.02), Telemetry()).admit(exchange())
     assert err.value.status == 429
     assert err.value.headers == [(b"retry-after", b"1")]
     assert err.value.reason == "saturated"
@@ -255,14 +255,14 @@ async def test_still_saturated_at_the_deadline_is_429_with_retry_after() -> None
 async def test_no_deadline_means_429_at_once() -> None:
     decide = Decider(decision(Reason.SATURATED, B))
     with pytest.raises(GatewayError):
-        await Admission(decide, ChangeSignal(), 0.0, Telemetry()).admit(exchange())
+        await Admission(decide, ChangeSignal(), Queueing(0.0), Telemetry()).admit(exchange())
     assert decide.calls == 1
 
 
 async def test_no_backend_is_503() -> None:
     decide = Decider(decision(Reason.NO_BACKEND))
     with pytest.raises(GatewayError) as err:
-        await Admission(decide, ChangeSignal(), 5.0, Telemetry()).admit(exchange())
+        await Admission(decide, ChangeSignal(), Queueing(5.0), Telemetry()).admit(exchange())
     assert (err.value.status, err.value.reason) == (503, "no_backend")
 
 
