@@ -90,8 +90,11 @@ class _Model(BaseModel):
 
 
 class BackendConfig(_Model):
+    # The engine's base URL, e.g. http://vllm-0:8000: its identity everywhere.
     url: str
+    # Sent to the engine as `Authorization: Bearer <api_key>`.
     api_key: SecretStr | None = None
+    # The model names it serves (vLLM's --served-model-name).
     models: list[NonEmptyStr] = Field(min_length=1)
     # The engine's protocol: the name of a wire adapter (gateway/wire/: vllm, triton).
     kind: str = "vllm"
@@ -183,26 +186,27 @@ class BackendConfig(_Model):
 
 
 class TierConfig(_Model):
-    name: TierName
+    name: TierName  # how metrics, logs and /state name the tier
+    # latency: the fast tier (EAGLE), filled to its knee; throughput: the pool.
     role: Literal["latency", "throughput"]
-    backends: list[BackendConfig] = Field(min_length=1)
+    backends: list[BackendConfig] = Field(min_length=1)  # the tier's engines
 
 
 class VariantConfig(_Model):
     """One deployment of a release: the model name its backends serve it under, and its share
     of the release's traffic (weights are relative: 95 and 5, or 0.95 and 0.05)."""
 
-    name: TierName
-    model: NonEmptyStr
-    weight: float = Field(ge=0, le=1e6)
+    name: TierName  # how metrics, headers and the admin API name the variant
+    model: NonEmptyStr  # the model name its backends serve
+    weight: float = Field(ge=0, le=1e6)  # its share, relative to the others'
 
 
 class ShadowConfig(_Model):
     """Mirror a share of a release's requests to one variant and discard its answers: the new
     version sees real traffic before any client sees its answers."""
 
-    variant: TierName
-    share: float = Field(gt=0, le=1)
+    variant: TierName  # the variant that gets the copies
+    share: float = Field(gt=0, le=1)  # the share of the release's requests copied to it
 
 
 class ReleaseConfig(_Model):
@@ -210,9 +214,9 @@ class ReleaseConfig(_Model):
     with an `x-session-id` header or a `user` field always lands on the same variant while the
     weights stay as they are; one with neither is split at random."""
 
-    model: NonEmptyStr
+    model: NonEmptyStr  # the model name clients ask for
     variants: list[VariantConfig] = Field(min_length=1)
-    shadow: ShadowConfig | None = None
+    shadow: ShadowConfig | None = None  # null: no shadow traffic
 
     @model_validator(mode="after")
     def _check_variants(self) -> Self:
@@ -230,17 +234,21 @@ class PolicyConfig(PolicyParams):
     """The routing policy's name and parameters (defined with the policies, in PolicyParams),
     and what the gateway does around its decisions. Frozen, extras forbidden, like _Model."""
 
-    name: PolicyName = DEFAULT_POLICY
-    # 0 answers 429 at once instead of queueing when everything is saturated.
+    name: PolicyName = DEFAULT_POLICY  # the routing policy (docs/routing.md)
+    # How long a request may wait for room while everything is saturated before its 429; 0
+    # answers 429 at once instead of queueing.
     queue_deadline_s: float = Field(default=5.0, ge=0)
-    seed: int | None = None
+    seed: int | None = None  # of the policy's random draws (null: from the system), for replays
 
 
 class RetryConfig(_Model):
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=3, ge=1)  # per request, the first included
+    # Waits between attempts: exponential from the initial to the most, with jitter.
     backoff_initial_s: float = Field(default=0.05, gt=0)
     backoff_max_s: float = Field(default=1.0, gt=0)
-    deadline_s: float = Field(default=30.0, gt=0)
+    deadline_s: float = Field(default=30.0, gt=0)  # no new attempt after this long
+    # Retries allowed as a share of requests, over this floor per second (a retry storm
+    # cannot multiply the load on engines that are failing).
     budget_ratio: float = Field(default=0.2, ge=0)
     budget_min_per_s: float = Field(default=10, ge=0)
     # Backend answers that mean "try elsewhere" (before the first byte only). An engine's
@@ -262,10 +270,10 @@ class RetryConfig(_Model):
 
 
 class MonitorConfig(_Model):
-    scrape_interval_s: float = Field(default=0.25, gt=0)
+    scrape_interval_s: float = Field(default=0.25, gt=0)  # each engine's /metrics this often
     scrape_timeout_s: float = Field(default=1.0, gt=0)
-    eject_after_failures: int = Field(default=3, ge=1)
-    probe_interval_s: float = Field(default=2.0, gt=0)
+    eject_after_failures: int = Field(default=3, ge=1)  # failed scrapes in a row that eject
+    probe_interval_s: float = Field(default=2.0, gt=0)  # health checks (and of the ejected)
     # A backend with work whose generated-token counter stays flat this long is ejected.
     stall_after_s: float = Field(default=5.0, gt=0)
 
@@ -274,10 +282,13 @@ class OutlierConfig(_Model):
     """Ejection on the outcomes of real requests (gateway.outlier), after Envoy's outlier
     detection: consecutive failures or a failure ratio, back-off, probation, a cap per tier."""
 
-    consecutive_failures: int = Field(default=3, ge=1)
+    consecutive_failures: int = Field(default=3, ge=1)  # failed requests in a row that eject
+    # ... or this share of failures over the last `window_s`, from `min_requests` on.
     failure_ratio: float = Field(default=0.3, gt=0, le=1)
     window_s: float = Field(default=10.0, gt=0)
     min_requests: int = Field(default=10, ge=1)
+    # An ejection lasts this times the backend's recent ejections, up to the most (calm time
+    # in full rotation forgives one per `max_ejection_s`).
     base_ejection_s: float = Field(default=5.0, gt=0)
     max_ejection_s: float = Field(default=60.0, gt=0)
     # Successes, one request at a time, that end a probation.
@@ -301,8 +312,8 @@ class HedgeConfig(_Model):
     answer serves it."""
 
     enabled: bool = True
-    factor: float = Field(default=3.0, ge=1)
-    min_s: float = Field(default=1.0, gt=0)
+    factor: float = Field(default=3.0, ge=1)  # times the predicted TTFT before the hedge
+    min_s: float = Field(default=1.0, gt=0)  # and never sooner than this
 
 
 class ContinuationConfig(_Model):
@@ -310,15 +321,15 @@ class ContinuationConfig(_Model):
     byte is continued on another backend; a client opts out with `x-tiergate-continue: off`."""
 
     enabled: bool = True
-    max_continuations: int = Field(default=2, ge=1, le=10)
+    max_continuations: int = Field(default=2, ge=1, le=10)  # per stream
 
 
 class SloConfig(_Model):
     """The service level a request asks for unless it says otherwise (x-tiergate-slo-ttft-ms,
     x-tiergate-slo-tpot-ms): the learned policy routes to meet it, metrics count who did."""
 
-    ttft_ms: float = Field(default=1000.0, gt=0, le=3_600_000)
-    tpot_ms: float = Field(default=25.0, gt=0, le=3_600_000)
+    ttft_ms: float = Field(default=1000.0, gt=0, le=3_600_000)  # time to the first token
+    tpot_ms: float = Field(default=25.0, gt=0, le=3_600_000)  # time per output token after it
 
     def slo(self) -> Slo:
         return Slo(ttft_s=self.ttft_ms / 1000, tpot_s=self.tpot_ms / 1000)
@@ -359,8 +370,8 @@ class ShutdownConfig(_Model):
     tests) has no one to wait for. Behind a load balancer without such a hook, set it to the
     time the balancer takes to notice /ready (e.g. 5 s)."""
 
-    pre_stop_delay_s: float = Field(default=0.0, ge=0, le=3600)
-    drain_timeout_s: float = Field(default=120.0, ge=0, le=86_400)
+    pre_stop_delay_s: float = Field(default=0.0, ge=0, le=3600)  # see above
+    drain_timeout_s: float = Field(default=120.0, ge=0, le=86_400)  # see above
 
 
 class ServerConfig(_Model):
@@ -400,10 +411,12 @@ class LimitsConfig(_Model):
 class TenantConfig(_Model):
     """A named API key: who is calling, how much it may, and how urgent its work is."""
 
-    name: TierName
+    name: TierName  # how metrics and logs name the tenant (never by its key)
     # The key's SHA-256, hex (`tiergate keys create` makes a key and prints it): the gateway
     # never holds the key itself.
     key_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{64}$", to_lower=True)]
+    # How urgent its work is: interactive (2), standard (1), batch (0), or a number; higher
+    # goes first (see `priorities`).
     priority: PriorityClass | Annotated[int, Field(ge=-100, le=100)] = "standard"
     limits: LimitsConfig = LimitsConfig()
     # The models it may use (release names included); empty: all.
@@ -438,10 +451,10 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    host: str = "0.0.0.0"
+    host: str = "0.0.0.0"  # the address the gateway listens on
     port: int = Field(default=8000, ge=0, le=65535)
-    config: Path | None = None
-    tiers: list[TierConfig] = []
+    config: Path | None = None  # the YAML file these settings were read from (`--config`)
+    tiers: list[TierConfig] = []  # the engines, by tier
     policy: PolicyConfig = PolicyConfig()
     retry: RetryConfig = RetryConfig()
     monitor: MonitorConfig = MonitorConfig()
@@ -450,9 +463,12 @@ class Settings(BaseSettings):
     hedge: HedgeConfig = HedgeConfig()
     slo: SloConfig = SloConfig()
     learning: LearningConfig = LearningConfig()
-    # Hidden from repr: a Redis URL may carry a password.
+    # Redis, for in-flight counts shared by several gateway replicas and tenants' limits
+    # across them; null: in this process (or shared by its workers). Hidden from repr: the URL
+    # may carry a password.
     redis_url: str | None = Field(default=None, repr=False)
-    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    max_body_bytes: int = Field(default=1_048_576, gt=0)  # larger request bodies get a 413
+    # Keys a client must send (`Authorization: Bearer <key>`); none and no tenants: open.
     api_keys: Annotated[list[SecretStr], NoDecode] = []
     # Gray releases (gateway.releases): model names split over variants.
     releases: list[ReleaseConfig] = []
@@ -465,16 +481,17 @@ class Settings(BaseSettings):
     # Named API keys (gateway.tenants), here and in `tenants_file` (a YAML file with a
     # `tenants:` list, e.g. a mounted secret), together; with `api_keys`, all are accepted.
     tenants: list[TenantConfig] = []
-    tenants_file: Path | None = None
+    tenants_file: Path | None = None  # more tenants, from a YAML file with a `tenants:` list
     # Tenants' priorities: batch-class keys (priority 0 or below) go to the throughput pool
     # only (or wait), the admission queue serves higher priorities first and tenants of one
     # fairly, and engines with `priority_scheduling` get vLLM's `priority` field. Off: every
     # request is equal (FIFO), as without tenants.
     priorities: bool = True
     log_level: LogLevel = "info"
-    log_json: bool = False
+    log_json: bool = False  # one JSON object per log line (else key=value text)
+    # The longest a request to an engine may take, its whole answer included.
     request_timeout_s: float = Field(default=600, gt=0)
-    connect_timeout_s: float = Field(default=2.0, gt=0)
+    connect_timeout_s: float = Field(default=2.0, gt=0)  # to open a connection to an engine
     # A stream whose engine sends nothing for this long after its first byte is cut and
     # counted as the backend's failure (a frozen engine must not freeze its clients).
     stream_idle_timeout_s: float = Field(default=2.5, gt=0)

@@ -44,3 +44,23 @@ def test_links_are_read_as_a_reader_follows_them() -> None:
     text = ("[a](docs/a.md) ![p](results/p.png#x) [web](https://example.com) [top](#top)\n"
             "`[not](a link)` and\n```\n[nor](this)\n```\n")  # fmt: skip
     assert links(text) == ["docs/a.md", "results/p.png"]
+
+
+def test_the_configuration_reference_is_the_settings_models() -> None:
+    from tiergate.config_reference import render
+
+    written = (ROOT / "docs" / "configuration-reference.md").read_text()
+    assert written == render(), (
+        "regenerate: python -m tiergate.config_reference > docs/configuration-reference.md"
+    )
+
+
+def test_the_reference_names_every_field_with_its_meaning() -> None:
+    from gateway.settings import LearningConfig, Settings
+    from tiergate.config_reference import comments, render
+
+    text = render()
+    for name in Settings.model_fields:
+        assert f"| `{name}` |" in text
+    assert comments(LearningConfig)["tier_unlike"].startswith("Past its own frontier")
+    assert "| `memory` | float | `16.0` | >= 1 | Observations each knot" in text
