@@ -154,7 +154,7 @@ def _weights(release: Release) -> dict[str, float]:
 
 
 class Served(Protocol):
-    """What the admin API reads of the gateway it serves (gateway.app.Gateway)."""
+    """What the admin API reads of the gateway it serves (gateway.assembly.Gateway)."""
 
     @property
     def settings(self) -> Settings: ...

@@ -1,8 +1,8 @@
 """`create_app(settings)`: the gateway as a FastAPI application.
 
-The lifespan builds everything the gateway owns (`Gateway`) and hands it to every request as
-ASGI lifespan state (`scope["state"]["gateway"]`); nothing lives at module level, and nothing on
-the request path is optional.
+The lifespan opens everything the gateway owns (`Gateway`, built by gateway.assembly) and hands
+it to every request as ASGI lifespan state (`scope["state"]["gateway"]`); nothing lives at
+module level, and nothing on the request path is optional.
 
 A proxied request's path, one module each:
     intake (Exchange) -> admission (router -> routing policy) -> upstream (retry executor,
@@ -24,11 +24,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, cast
 
-import aiohttp
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -41,167 +39,27 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
 from gateway import admin, api
-from gateway.admin import Control
-from gateway.admission import Admission, Queueing
+from gateway.assembly import Gateway, open_gateway, store_kind
 from gateway.drain import Drain
 from gateway.errors import GatewayError, error_body, first_problem
 from gateway.exchange import Endpoint, Exchange, Send
-from gateway.http1 import Http1Pool
-from gateway.intake import ClientGone, Intake, Receive
-from gateway.learner import Learner
-from gateway.limits import Limits
-from gateway.load.monitor import Monitor
-from gateway.registry import Registry
-from gateway.releases import Releases
-from gateway.router import Router
+from gateway.intake import ClientGone, Receive
 from gateway.server import CLIENT_GONE
 from gateway.settings import Settings
-from gateway.shadow import Shadow
-from gateway.state import InflightStore, RedisInflightStore, SharedInflightStore, make_store
-from gateway.telemetry import Telemetry
+from gateway.state import InflightStore
 from gateway.tenants import ANONYMOUS
-from gateway.tracing_env import trace_exporters
-from gateway.upstream import Upstream
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from gateway.tracing import Tracing
 
-__all__ = ["Gateway", "GatewayApp", "create_app", "open_gateway"]
+__all__ = ["CHAT", "COMPLETIONS", "GatewayApp", "Proxy", "create_app"]
 
 log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 COMPLETIONS = Endpoint("/v1/completions", chat=False)
 CHAT = Endpoint("/v1/chat/completions", chat=True)
-
-
-@dataclass(frozen=True, eq=False)
-class Gateway:
-    """Everything one gateway instance owns, built whole by `open_gateway`."""
-
-    settings: Settings
-    telemetry: Telemetry
-    store: InflightStore
-    registry: Registry
-    monitor: Monitor
-    router: Router
-    learner: Learner
-    intake: Intake
-    admission: Admission
-    upstream: Upstream
-    drain: Drain
-    control: Control  # run-time changes: gray releases' weights, config reload
-    limits: Limits  # tenants' rate limits
-    shadow: Shadow  # gray releases' shadow copies
-    tracing: Tracing | None = None  # None: tracing off (no OTEL_* settings)
-
-    async def reject(self, ex: Exchange, e: GatewayError) -> None:
-        """Answer `ex` with the gateway's own error."""
-        self.telemetry.child(self.telemetry.rejected, e.reason).inc()
-        ex.status = e.status
-        headers = [(b"content-type", b"application/json"), *ex.response_headers, *e.headers]
-        await ex.answer(e.status, headers, e.body())
-
-
-@asynccontextmanager
-async def open_gateway(
-    settings: Settings,
-    drain: Drain | None = None,
-    store: InflightStore | None = None,
-    tracer_provider: TracerProvider | None = None,
-    publish: Callable[[bytes], None] | None = None,
-) -> AsyncIterator[Gateway]:
-    """Build the gateway, start its background work (state sync, load monitor), and take it
-    all down again on exit. `drain`: the shutdown state its runner shares (a new one if none);
-    `store`: the in-flight counts (`make_store(settings.redis_url)` if none; a worker of
-    several passes its view of the table the workers share); `tracer_provider`: where spans
-    go (the caller's to shut down), else the one the OTEL_* environment asks for, if any;
-    `publish`: how a worker of several hands admin changes to the others."""
-    async with AsyncExitStack() as stack:
-        telemetry = Telemetry()
-        tracing: Tracing | None = None
-        if tracer_provider is not None or trace_exporters(os.environ):
-            # OpenTelemetry is imported only when tracing is on.
-            from gateway.tracing import Tracing, provider_from_env
-
-            if tracer_provider is None and (own := provider_from_env(os.environ)) is not None:
-                stack.callback(own.shutdown)  # flushes the spans still queued
-                tracer_provider = own
-        if store is None:
-            store = make_store(settings.redis_url)
-        connector = aiohttp.TCPConnector(
-            limit=0, ttl_dns_cache=300, enable_cleanup_closed=True,
-            keepalive_timeout=settings.upstream_keepalive_s,
-        )  # fmt: skip
-        session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
-        stack.push_async_callback(session.close)
-        # Requests to the engines go through the gateway's own client (gateway.http1); the
-        # aiohttp session above is the monitor's, for scrapes and probes.
-        pool = Http1Pool(
-            connect_timeout_s=settings.connect_timeout_s,
-            read_timeout_s=settings.request_timeout_s,
-            keepalive_s=settings.upstream_keepalive_s,
-        )
-        stack.push_async_callback(pool.aclose)
-        await store.start()
-        stack.push_async_callback(store.aclose)
-        registry = Registry(settings, store, telemetry)
-        learner = Learner(registry, settings, telemetry)
-        monitor = Monitor(registry, settings.monitor, session, telemetry, learner)
-        router = Router(settings.policy, registry)
-        if tracer_provider is not None:
-            tracing = Tracing(tracer_provider, registry)
-        releases = Releases(settings.releases)
-        upstream = Upstream(pool, registry, telemetry, settings, learner)
-        displace = registry.displace if settings.priorities and settings.tenants else None
-        queueing = Queueing(settings.policy.queue_deadline_s, settings.priorities, displace)
-        gw = Gateway(
-            settings=settings,
-            telemetry=telemetry,
-            store=store,
-            registry=registry,
-            monitor=monitor,
-            router=router,
-            learner=learner,
-            intake=Intake(settings, registry, releases),
-            admission=Admission(router.decide, registry.changed, queueing, telemetry),
-            upstream=upstream,
-            drain=drain or Drain(),
-            control=Control(settings, releases, frozenset(registry.models), telemetry, publish),
-            shadow=Shadow(router.decide, upstream, telemetry),
-            limits=Limits(
-                settings.redis_url if settings.tenants else None, telemetry, settings.tenants
-            ),
-            tracing=tracing,
-        )
-        if displace is not None:
-            for e in registry:  # its series at 0 (see Telemetry.declare_variants)
-                telemetry.child(telemetry.displaced, e.backend.role.value, e.url)
-        stack.push_async_callback(gw.upstream.aclose)
-        await monitor.start()
-        stack.push_async_callback(monitor.aclose)
-        await gw.upstream.watchdog.start()
-        stack.push_async_callback(gw.upstream.watchdog.aclose)
-        stack.push_async_callback(gw.shadow.aclose)
-        await gw.limits.start()
-        stack.push_async_callback(gw.limits.aclose)
-        state = _store_kind(store)
-        log.info("gateway ready", extra={"fields": {
-            "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
-            "policy": router.name, "state": state,
-            "releases": ",".join(sorted(releases.table)) or "none",
-            "tracing": "off" if gw.tracing is None else "on"}})  # fmt: skip
-        yield gw
-
-
-def _store_kind(store: InflightStore) -> Literal["memory", "shared", "redis"]:
-    if isinstance(store, RedisInflightStore):
-        return "redis"
-    return "shared" if isinstance(store, SharedInflightStore) else "memory"
 
 
 class Proxy:
@@ -494,7 +352,7 @@ def create_app(
             latency_open=gw.router.state.latency_open,
             slo_ttft_ms=settings.slo.ttft_ms,
             slo_tpot_ms=settings.slo.tpot_ms,
-            state_store=api.StateStoreView(kind=_store_kind(gw.store), healthy=gw.store.healthy),
+            state_store=api.StateStoreView(kind=store_kind(gw.store), healthy=gw.store.healthy),
             backends=rows,
             pid=os.getpid(),
             served=gw.telemetry.served,
@@ -517,7 +375,7 @@ def create_app(
         """Prometheus metrics."""
         gw = _gateway(request)
         t = gw.telemetry
-        t.state_up.labels(_store_kind(gw.store)).set(1 if gw.store.healthy else 0)
+        t.state_up.labels(store_kind(gw.store)).set(1 if gw.store.healthy else 0)
         return Response(t.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # Every answer the gateway gives itself is OpenAI error JSON, unknown paths included.

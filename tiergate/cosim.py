@@ -32,12 +32,11 @@ from typing import Any
 
 from engines.sim.profile import Profile, load_profile
 from engines.sim.scheduler import Scheduler, Sequence
+from gateway.assembly import core
 from gateway.engine_metrics import EngineStats
 from gateway.exchange import Endpoint, Exchange
-from gateway.learner import Learner, slo_limit
-from gateway.load.monitor import Monitor
+from gateway.learner import slo_limit
 from gateway.registry import BackendEntry, Registry
-from gateway.router import Router
 from gateway.routing import PolicyParams, Reason, Role, Slo
 from gateway.settings import BackendConfig, MonitorConfig, PolicyConfig, Settings, TierConfig
 from gateway.state import MemoryInflightStore
@@ -213,12 +212,11 @@ class _Sim:
         telemetry = Telemetry()
         self.store = MemoryInflightStore()
         self.registry = Registry(self.settings, self.store, telemetry, clock)
-        session: Any = None  # Monitor.observe does no I/O
-        self.learner = Learner(self.registry, self.settings, telemetry, clock)
+        # Built as the gateway builds them (gateway.assembly.core); no session: Monitor.observe
+        # does no I/O, and the scrapes below are handed to it directly.
         self.learn = spec.policy == "learned"
-        self.monitor = Monitor(self.registry, self.settings.monitor, session, telemetry,
-                               self.learner if self.learn else None)  # fmt: skip
-        self.router = Router(self.settings.policy, self.registry)
+        parts = core(self.settings, self.registry, None, self.learn)
+        self.learner, self.monitor, self.router = parts.learner, parts.monitor, parts.router
         self.engines: list[_Engine] = []
         for i, (url, _tier, _role, name) in enumerate(urls):
             profile = load_profile(name)

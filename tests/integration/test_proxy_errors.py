@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.app import COMPLETIONS, Gateway, Proxy, open_gateway
+from gateway.app import COMPLETIONS, Proxy
+from gateway.assembly import Gateway, open_gateway
 from gateway.exchange import NO_DECISION, Exchange
 from gateway.routing import Decision
 from gateway.settings import load_settings

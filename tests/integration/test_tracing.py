@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.app import COMPLETIONS, Gateway, Proxy, open_gateway
+from gateway.app import COMPLETIONS, Proxy
+from gateway.assembly import Gateway, open_gateway
 from gateway.settings import load_settings
 from gateway.tracing import provider_from_env
 from gateway.tracing_env import trace_exporters
@@ -227,7 +228,7 @@ def test_off_the_gateway_does_not_load_the_tracing_sdk() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     code = (
         "import asyncio, sys\n"
-        "from gateway.app import open_gateway\n"
+        "from gateway.assembly import open_gateway\n"
         "from gateway.settings import load_settings\n"
         "tier = {'name': 't', 'role': 'throughput', 'backends': [{'url': sys.argv[1], "
         "'models': ['m']}]}\n"

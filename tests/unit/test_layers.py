@@ -204,7 +204,7 @@ FLOORS: tuple[tuple[str, frozenset[str]], ...] = (
     ("pipeline", frozenset({"intake", "limits", "tenants", "releases", "admission", "router",
                             "upstream", "retry", "hedge", "continuation", "watchdog", "shadow",
                             "drain", "tracing"})),
-    ("host", frozenset({"app", "admin", "server", "workers", "cli"})),
+    ("host", frozenset({"app", "assembly", "admin", "server", "workers", "cli"})),
 )  # fmt: skip
 
 
