@@ -22,6 +22,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ from loadtests.promstack import (
     variable_options,
     variable_values,
 )
+from tests.integration.stack import wait_until
 
 pytestmark = [
     pytest.mark.e2e,
@@ -82,6 +84,25 @@ class Observed:
         return f"{math.ceil(self.at - self.log.start)}s"
 
 
+def _unix(stamp: str) -> float:
+    """An RFC 3339 time from Prometheus' API, in unix seconds."""
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def _scraped_after(client: PromClient, since: float) -> float:
+    """When every target's scrape since `since` (unix time) was in, or 0 while a target has
+    not been scraped since."""
+    targets = client.targets()
+    if not targets or min(_unix(t["lastScrape"]) for t in targets) <= since:
+        return 0.0
+    return max(_unix(t["lastScrape"]) + float(t["lastScrapeDuration"]) for t in targets)
+
+
+def _evaluated_after(client: PromClient, since: float) -> bool:
+    rules = client.rules()
+    return bool(rules) and all(_unix(r["lastEvaluation"]) > since for r in rules)
+
+
 def _observe(tmp: Path, policy: PolicyName, seconds: float) -> Iterator[Observed]:
     stack = start_demo_stack(tmp, SPEEDUP, policy)
     try:
@@ -91,7 +112,12 @@ def _observe(tmp: Path, policy: PolicyName, seconds: float) -> Iterator[Observed
             wait_targets_up(client)
             sc = step_scenario(seconds, output_tokens=24, sprinkle_s=0.4, outage_stream_tokens=400)
             log = asyncio.run(drive(stack, sc))
-            time.sleep(2.5)  # the last scrapes and rule evaluations (1 s each)
+            ended = time.time()
+            # The last scrapes, then the rule evaluations that saw them (1 s each).
+            scraped = wait_until(lambda: _scraped_after(client, ended),
+                                 "every target scraped after the load")  # fmt: skip
+            wait_until(lambda: _evaluated_after(client, scraped),
+                       "every rule evaluated after those scrapes")  # fmt: skip
             yield Observed(client, log, time.time())
     finally:
         stack.stop()

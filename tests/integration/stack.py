@@ -1,5 +1,44 @@
-"""Tests use the same deployment helper as the benchmarks."""
+"""Tests use the same deployment helper as the benchmarks, and wait for states by polling."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from loadtests.stack import MODEL, Stack, add_gateway, config, start_stack
 
-__all__ = ["MODEL", "Stack", "add_gateway", "config", "start_stack"]
+__all__ = ["MODEL", "Stack", "add_gateway", "config", "start_stack", "wait_until",
+           "wait_until_async"]  # fmt: skip
+
+T = TypeVar("T")
+WAIT_S = 20.0  # generous: the machine may be busy
+POLL_S = 0.05
+
+
+def wait_until(check: Callable[[], T], what: str, timeout_s: float = WAIT_S) -> T:
+    """Call `check` every 0.05 s until it returns something truthy, and return that; fail
+    naming `what` (the state waited for) if it has not within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what} (last: {value!r})")
+        time.sleep(POLL_S)
+    return value
+
+
+async def wait_until_async(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    """`wait_until` for a test's event loop, which goes on running meanwhile; `check` may be
+    a coroutine function."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what} (last: {value!r})")
+        await asyncio.sleep(POLL_S)

@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.stack import MODEL, Stack, start_stack
+from tests.integration.stack import MODEL, Stack, start_stack, wait_until_async
 
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 16,
                         "ignore_eos": True}  # fmt: skip
@@ -364,14 +364,27 @@ def test_saturation_queues_then_answers_429(tmp_path: Path) -> None:
 
         async def run() -> None:
             async with httpx.AsyncClient(timeout=30) as c:
+
+                async def view(url: str) -> dict[str, Any]:  # the gateway's view of `url`
+                    (row,) = [b for b in (await c.get(gw + "/state")).json()["backends"]
+                              if b["url"] == url]  # fmt: skip
+                    return dict(row)
+
+                async def latency_full() -> bool:
+                    return bool((await view(s.latency[0].url))["effective"] >= 1)
+
+                async def engine_queued() -> bool:
+                    row = await view(engine)
+                    return not row["stale"] and row["waiting"] > 0
+
                 body = BODY | {"max_tokens": 400}
                 # One request fills the latency tier (hard cap 1); six sent straight to the
-                # throughput engine (max-num-seqs 2) leave a queue there.
+                # throughput engine (max-num-seqs 2) leave a queue there, once scraped.
                 busy = [asyncio.create_task(c.post(gw + "/v1/completions", json=body))]
-                await asyncio.sleep(0.3)
+                await wait_until_async(latency_full, "the latency tier at its hard cap")
                 busy += [asyncio.create_task(c.post(engine + "/v1/completions", json=body))
                          for _ in range(6)]  # fmt: skip
-                await asyncio.sleep(1.0)
+                await wait_until_async(engine_queued, "the throughput engine's queue scraped")
                 t0 = time.perf_counter()
                 r = await c.post(gw + "/v1/completions", json=BODY)
                 waited = time.perf_counter() - t0

@@ -23,6 +23,7 @@ from engines.hf.model import WordTokenizer
 from engines.hf.probe import probe
 from engines.hf.server import HFConfig, create_app
 from loadtests.procs import GatewayProcess, free_port, wait_http
+from tests.integration.stack import wait_until_async
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 STEP_S = 0.01
@@ -177,10 +178,15 @@ def test_requests_run_one_at_a_time_and_the_queue_is_visible(server: Server) -> 
                     break
             assert (running, waiting) == (1, 3)
             # The token counter moves during a generation, not only at its end (a router
-            # watching it for hung engines must see a slow one progress).
+            # watching it for hung engines must see a slow one progress): it is seen past
+            # `before` at a count that is not a whole number of 20-token generations.
             before = metric(server.url, "vllm:generation_tokens_total")
-            await asyncio.sleep(5 * STEP_S)
-            assert metric(server.url, "vllm:generation_tokens_total") > before
+
+            def moved_mid_generation() -> bool:
+                now = metric(server.url, "vllm:generation_tokens_total")
+                return now > before and now % 20 != 0
+
+            await wait_until_async(moved_mid_generation, "the token counter moving mid-generation")
             return list(await asyncio.gather(*tasks))
 
     ends = sorted(asyncio.run(run()))

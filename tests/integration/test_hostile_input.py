@@ -30,7 +30,14 @@ import pytest
 import schemathesis
 
 from loadtests.procs import GatewayProcess
-from tests.integration.stack import MODEL, Stack, add_gateway, start_stack
+from tests.integration.stack import (
+    MODEL,
+    Stack,
+    add_gateway,
+    start_stack,
+    wait_until,
+    wait_until_async,
+)
 
 TIMEOUT_S = 1.0  # the module gateway's header, body and keep-alive timeouts
 SLACK_S = 1.0  # the sweep runs every 0.25 s; the machine may be busy
@@ -186,14 +193,19 @@ async def test_a_huge_header_is_431_and_a_large_one_passes(stack: Stack) -> None
 async def test_slowloris_is_closed_and_others_are_served(stack: Stack) -> None:
     gw = stack.gateway
     n = 200
+    connected = 0
 
     async def slow() -> tuple[bytes, float]:
+        nonlocal connected
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-slow: ")
+        connected += 1
         return await trickle(reader, writer, b"x", 8)  # a header byte every 0.1 s
 
     slows = asyncio.gather(*(slow() for _ in range(n)))
-    await asyncio.sleep(0.3)
+    # Every slow client holds its connection before the others come (a failed one ends the
+    # wait: awaiting `slows` below raises its error).
+    await wait_until_async(lambda: connected == n or slows.done(), f"{n} slow clients connected")
     took = []
     async with httpx.AsyncClient(base_url=gw.url) as client:
         for _ in range(50):
@@ -260,8 +272,8 @@ def test_a_plain_request_id_is_kept(stack: Stack) -> None:
     rid = "Trace-01.abc:XYZ_" + "9" * 100
     r = httpx.post(stack.gateway.url + "/v1/completions", json=OK, headers={"x-request-id": rid})
     assert r.headers["x-request-id"] == rid
-    time.sleep(0.2)
-    assert f"request_id={rid} " in log_text(stack.gateway)
+    wait_until(lambda: f"request_id={rid} " in log_text(stack.gateway),
+               f"the gateway's log line of request {rid}")  # fmt: skip
 
 
 async def test_a_client_gone_during_the_body_is_one_debug_line(stack: Stack) -> None:
@@ -273,7 +285,7 @@ async def test_a_client_gone_during_the_body_is_one_debug_line(stack: Stack) -> 
     await writer.drain()
     await asyncio.sleep(0.2)
     writer.close()
-    await asyncio.sleep(0.5)
+    await wait_until_async(lambda: rid in log_text(gw), f"the gateway's log line of {rid}")
     log = log_text(gw)
     lines = [line for line in log.splitlines() if rid in line]
     assert len(lines) == 1, lines
@@ -306,10 +318,15 @@ async def test_connections_past_the_limit_get_a_503(stack: Stack, tmp_path: Path
     assert b"retry-after: 1" in data.lower()
     for _, w in held:
         w.close()
-    await asyncio.sleep(0.3)
-    async with httpx.AsyncClient() as client:
-        r = await client.get(gw.url + "/health")
-    assert r.status_code == 200
+
+    async def served() -> httpx.Response | None:  # on a new connection each time
+        async with httpx.AsyncClient() as client:
+            r = await client.get(gw.url + "/health")
+        return r if r.status_code == 200 else None
+
+    # Once the gateway has seen the held connections close, a new one is served.
+    answer = await wait_until_async(served, "a new connection served after the 5 closed")
+    assert answer.status_code == 200
 
 
 # -- fuzzing the published schema -------------------------------------------------------------

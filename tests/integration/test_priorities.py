@@ -18,6 +18,7 @@ import yaml
 
 from gateway.tenants import hash_key
 from loadtests.procs import GatewayProcess, SimProcess
+from tests.integration.stack import wait_until_async
 
 MODEL = "sim-model"
 KEYS = {"interactive": "sk-prio-interactive", "batch": "sk-prio-batch"}
@@ -84,12 +85,25 @@ def test_an_interactive_request_takes_a_waiting_batch_requests_place(
                     await r.read()
                     return r.status, r.headers.get("x-tiergate-tier", "")
 
+            async def view(role: str) -> dict[str, Any]:  # the gateway's view of the backend
+                async with c.get("/state") as r:
+                    (row,) = [b for b in (await r.json())["backends"] if b["role"] == role]
+                return dict(row)
+
+            async def latency_full() -> bool:
+                return bool((await view("latency"))["effective"] >= 1)
+
+            async def pool_queued() -> bool:
+                row = await view("throughput")
+                return not row["stale"] and row["waiting"] > 0
+
             # The latency tier's one slot: a long interactive stream.
             long_one = asyncio.create_task(post("interactive", 1500))
-            await asyncio.sleep(0.3)
+            await wait_until_async(latency_full, "the latency tier's slot taken")
             # The pool: one batch request runs, two wait for their first byte.
             batch = [asyncio.create_task(post("batch", 400)) for _ in range(3)]
-            await asyncio.sleep(0.5)  # scraped: the pool's queue is long, both tiers full
+            # Scraped: the pool's queue is long, both tiers full.
+            await wait_until_async(pool_queued, "the pool's queue scraped")
             status, tier = await asyncio.wait_for(post("interactive", 8), 10)
             done = await asyncio.gather(*batch, long_one)
             return [s for s, _ in done], status, [tier, *(t for _, t in done[:3])]

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.procs import SimProcess
-from tests.integration.stack import MODEL, Stack, add_gateway, start_stack
+from tests.integration.stack import MODEL, Stack, add_gateway, start_stack, wait_until_async
 
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 8,
                         "ignore_eos": True}  # fmt: skip
@@ -178,20 +178,26 @@ def test_credentials_the_engine_refuses_are_the_gateways_fault(tmp_path: Path) -
 async def _streams(
     stack: Stack, n: int, fault: Any, body: dict[str, Any], path: str = "/v1/completions"
 ) -> list[tuple[str, float, str]]:
-    """`n` streams at once; after 1 s, `fault()`. Per stream: the backend that started it, the
-    longest silence the client saw (s), and everything it received."""
+    """`n` streams at once; once every one has had its first text, `fault()`. Per stream: the
+    backend that started it, the longest silence the client saw (s), and everything it
+    received."""
+    started = 0
     async with httpx.AsyncClient(timeout=60) as c:
 
         async def stream() -> tuple[str, float, str]:
+            nonlocal started
             async with c.stream("POST", stack.gateway.url + path, json=body) as r:
                 text, last, gap = "", time.monotonic(), 0.0
                 async for chunk in r.aiter_text():
                     now = time.monotonic()
+                    if chunk and not text:
+                        started += 1
                     text, gap, last = text + chunk, max(gap, now - last), now
                 return r.headers["x-tiergate-backend"], gap, text
 
         tasks = [asyncio.create_task(stream()) for _ in range(n)]
-        await asyncio.sleep(1.0)
+        await wait_until_async(lambda: started == n or any(t.done() for t in tasks),
+                               f"all {n} streams under way")  # fmt: skip
         fault()
         return list(await asyncio.gather(*tasks))
 
@@ -216,7 +222,8 @@ def check_whole(text: str, tokens: int, chat: bool = False) -> None:
         assert sum("role" in c["delta"] for e in events for c in e["choices"]) == 1
 
 
-# ~4 s at 4x: the fault at 1 s (and a frozen engine's 2.5 s idle timeout) comes mid-way.
+# ~4 s at 4x: the fault once every stream is under way (and a frozen engine's 2.5 s idle
+# timeout) comes mid-way.
 STREAM_TOKENS = 1000
 STREAM = BODY | {"max_tokens": STREAM_TOKENS, "stream": True,
                  "stream_options": {"include_usage": True}}  # fmt: skip
@@ -272,16 +279,23 @@ def test_a_client_can_opt_out_of_continuation(slow_pool: Stack) -> None:
     victim = slow_pool.throughput[0]
 
     async def run() -> list[tuple[str, str]]:
+        started = 0
         async with httpx.AsyncClient(timeout=60) as c:
 
             async def stream() -> tuple[str, str]:
+                nonlocal started
                 async with c.stream("POST", slow_pool.gateway.url + "/v1/completions", json=STREAM,
                                     headers={"x-tiergate-continue": "off"}) as r:  # fmt: skip
-                    return r.headers["x-tiergate-backend"], "".join(
-                        [t async for t in r.aiter_text()])  # fmt: skip
+                    text = ""
+                    async for chunk in r.aiter_text():
+                        if chunk and not text:
+                            started += 1
+                        text += chunk
+                    return r.headers["x-tiergate-backend"], text
 
             tasks = [asyncio.create_task(stream()) for _ in range(4)]
-            await asyncio.sleep(1.0)
+            await wait_until_async(lambda: started == 4 or any(t.done() for t in tasks),
+                                   "all 4 streams under way")  # fmt: skip
             victim.kill()
             return list(await asyncio.gather(*tasks))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -183,7 +184,17 @@ async def test_own_counts_written_once_and_not_double_counted(
         assert await client.zrange(f"{keys}:replicas", 0, -1) == ["solo"]
         ttl_ms = await client.pttl(f"{keys}:inflight:solo")
         assert 0 < ttl_ms <= 3000  # a lease, not a permanent key
-        await asyncio.sleep(0.25)  # a couple more sync ticks read the replica set back
+        # A couple more sync ticks read the replica set (its own id in it) back: two reads of
+        # the other replicas' counts after the hash was seen in Redis.
+        seen_at = time.monotonic()
+        reads: set[float] = set()
+
+        def two_more_ticks() -> bool:
+            if store._others_read_at > seen_at:
+                reads.add(store._others_read_at)
+            return len(reads) >= 2
+
+        await eventually(two_more_ticks, 10.0, "two more sync ticks")
         assert dict(store.counts()) == {"a": 2}
 
         store.release("a")

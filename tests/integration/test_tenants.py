@@ -16,12 +16,14 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+import redis
 import yaml
 from multidict import CIMultiDict
 
 from gateway.tenants import hash_key
 from loadtests.procs import GatewayProcess, SimProcess
 from tests.conftest import RedisProcess
+from tests.integration.stack import wait_until
 
 MODEL = "sim-model"
 KEYS = {"steady": "sk-test-steady", "tokens": "sk-test-tokens", "small": "sk-test-small",
@@ -147,7 +149,14 @@ def test_tokens_are_charged_by_the_engines_usage(deployment: Deployment) -> None
     assert '"usage"' not in text
     assert text.endswith("data: [DONE]\n\n")
     assert 300 - used - 5 <= left_before <= 300 - used + 5  # refilled a little meanwhile
-    time.sleep(0.3)  # the stream's charge goes to Redis as it ends
+    # The stream's charge goes to Redis as it ends: the tenant's bucket (gateway.limits) drops
+    # by about one more `used` below the level the stream was admitted at.
+    bucket = redis.Redis.from_url(deployment.redis.url, decode_responses=True)
+    try:
+        wait_until(lambda: float(bucket.hget("tiergate:limits:tokens:tokens", "level") or 300)
+                   < left_before - used / 2, "the stream's tokens charged in Redis")  # fmt: skip
+    finally:
+        bucket.close()
     third = httpx.post(a + "/v1/completions", json=body(max_tokens=100), headers=auth("tokens"))
     assert third.status_code == 200
     left = int(third.headers["x-ratelimit-remaining-tokens"])

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from loadtests.procs import GatewayProcess, ManagedProcess, SimProcess, start_all
+from tests.integration.stack import wait_until_async
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 NAME = "llama31-8b-awq"  # the model's name in Triton's repository
@@ -335,21 +336,31 @@ def test_killing_a_triton_backend_loses_no_request_that_had_not_streamed(
         with running(g):
 
             async def run() -> tuple[list[httpx.Response], list[tuple[bool, str]]]:
+                under_way = 0
                 async with httpx.AsyncClient(timeout=60) as c:
                     url = g.url + "/v1/completions"
                     plain = [asyncio.create_task(c.post(url, json=BODY | {"max_tokens": 200}))
                              for _ in range(24)]  # fmt: skip
 
                     async def stream() -> tuple[bool, str]:
+                        nonlocal under_way
                         started, text = False, ""
                         body = BODY | {"max_tokens": 200, "stream": True}
                         async with c.stream("POST", url, json=body) as r:
                             async for part in r.aiter_text():
+                                if not started:
+                                    under_way += 1
                                 started, text = True, text + part
                         return started, text
 
+                    async def on_triton() -> bool:
+                        rows = (await c.get(g.url + "/state")).json()["backends"]
+                        (row,) = [b for b in rows if b["url"] == t.url]
+                        return under_way == len(streams) and row["inflight"] > 0
+
                     streams = [asyncio.create_task(stream()) for _ in range(6)]
-                    await asyncio.sleep(0.5)
+                    await wait_until_async(on_triton, "every stream under way and requests in "
+                                           "flight at the Triton instance")  # fmt: skip
                     t.kill()
                     return list(await asyncio.gather(*plain)), list(await asyncio.gather(*streams))
 

@@ -19,13 +19,14 @@ import aiohttp
 import httpx
 import pytest
 
-from gateway.app import COMPLETIONS, Proxy, open_gateway
+from gateway.app import COMPLETIONS, Proxy
+from gateway.assembly import open_gateway
 from gateway.routing import Decision, RouteRequest
 from gateway.settings import load_settings
 from gateway.state import MemoryInflightStore
 from loadtests.procs import GatewayProcess
 from tests.conftest import free_port
-from tests.integration.stack import MODEL, Stack, add_gateway, start_stack
+from tests.integration.stack import MODEL, Stack, add_gateway, start_stack, wait_until_async
 
 CAP = 4
 # The latency tier takes work up to CAP and never past it; everything else overflows.
@@ -169,20 +170,25 @@ def test_two_workers_share_the_port_and_hold_the_cap(stack: Stack, tmp_path: Pat
                 continue
             per_worker[pid] = per_worker.get(pid, 0) + 1
             clients.append(client)
+        answered = 0
 
         async def read(client: httpx.AsyncClient) -> list[str]:
+            nonlocal answered
             pin = {"x-tiergate-tier": "throughput"}
             try:
                 async with client.stream("POST", "/v1/completions", json=body(400),
                                          headers=pin) as r:  # fmt: skip
                     assert r.status_code == 200
+                    answered += 1
                     return [line[6:] async for line in r.aiter_lines()
                             if line.startswith("data: ")]  # fmt: skip
             finally:
                 await client.aclose()
 
         streams = asyncio.gather(*(read(c) for c in clients))
-        await asyncio.sleep(0.3)
+        # In flight: every stream answered (a failed one ends the wait; `streams` raises it).
+        await wait_until_async(lambda: answered == len(clients) or streams.done(),
+                               "all four streams answered")  # fmt: skip
         gw.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         return await streams
 
