@@ -131,12 +131,14 @@ class Learner:
             # they have not seen yet.
             ahead = max(urls, key=lambda u: self.own[u].frontier)
             for url in urls:
+                # Unchanged unless it or the mate ahead learned (a new mate ahead learned).
+                if url not in self._dirty and ahead not in self._dirty:
+                    continue
                 pred = self.own[url]
                 if url != ahead:
                     pred = with_mate(pred, self.own[ahead], self.unlike)
-                if pred is not curves.get(url):
-                    curves[url] = pred
-                    self._gauges(self.registry.entry(url), pred)
+                curves[url] = pred
+                self._gauges(self.registry.entry(url), pred)
         self._dirty.clear()
         self.registry.curves = MappingProxyType(curves)
 

@@ -89,7 +89,7 @@ def _default(info: FieldInfo) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
-    return f"`{value!r}`".replace("'", '"') if value != [] else "`[]`"
+    return f"`{value!r}`".replace("'", '"')
 
 
 def _bounds(info: FieldInfo) -> str:

@@ -89,16 +89,19 @@ def decision_alone(
     # run is kept out of the collector's passes.
     gc.collect()
     gc.freeze()
-    for r in range(rounds):
-        order = list(policies[r % len(policies) :]) + list(policies[: r % len(policies)])
-        for size, snap in snaps.items():
-            for name in order:
-                policy, rng, state = built[name], random.Random(r), RouterState()
-                out = samples[(name, size)]
-                for _ in range(per_round):
-                    t0 = clock()
-                    state = policy(req, snap, state, rng).state
-                    out.append(clock() - t0)
+    try:
+        for r in range(rounds):
+            order = list(policies[r % len(policies) :]) + list(policies[: r % len(policies)])
+            for size, snap in snaps.items():
+                for name in order:
+                    policy, rng, state = built[name], random.Random(r), RouterState()
+                    out = samples[(name, size)]
+                    for _ in range(per_round):
+                        t0 = clock()
+                        state = policy(req, snap, state, rng).state
+                        out.append(clock() - t0)
+    finally:
+        gc.unfreeze()  # the caller's process collects as before
     result: dict[str, Any] = {}
     for (name, size), ns in samples.items():
         ns.sort()

@@ -18,14 +18,16 @@ WAIT_S = 20.0  # generous: the machine may be busy
 POLL_S = 0.05
 
 
-def wait_until(check: Callable[[], T], what: str, timeout_s: float = WAIT_S) -> T:
-    """Call `check` every 0.05 s until it returns something truthy, and return that; fail
+def wait_until(
+    check: Callable[[], T], what: str, timeout_s: float = WAIT_S, every: float = POLL_S
+) -> T:
+    """Call `check` every `every` s until it returns something truthy, and return that; fail
     naming `what` (the state waited for) if it has not within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not (value := check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s:g} s: {what} (last: {value!r})")
-        time.sleep(POLL_S)
+        time.sleep(every)
     return value
 
 

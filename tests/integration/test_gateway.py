@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.stack import MODEL, Stack, start_stack, wait_until_async
+from tests.integration.stack import MODEL, Stack, start_stack, wait_until, wait_until_async
 
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 16,
                         "ignore_eos": True}  # fmt: skip
@@ -42,15 +42,6 @@ def total(fams: dict[str, list[Any]], family: str, name: str | None = None,
         s.value for s in fams.get(family, [])
         if s.name == (name or family) and all(s.labels.get(k) == v for k, v in labels.items())
     )  # fmt: skip
-
-
-def wait_until(predicate: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every)
 
 
 # -- the API ----------------------------------------------------------------------------------
@@ -169,7 +160,7 @@ def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
         view = _backend_view(stack, bad.url)
         return view["ejected_reason"] is None and not view["probation"]
 
-    assert wait_until(back, timeout=10)
+    assert wait_until(back, "the backend back in full rotation", timeout_s=10)
 
 
 def _backend_view(stack: Stack, url: str) -> dict[str, Any]:
@@ -191,7 +182,8 @@ def test_side_endpoints_and_metrics(stack: Stack) -> None:
     usage = {"stream": True, "stream_options": {"include_usage": True}}
     httpx.post(gw + "/v1/completions", json=BODY | usage)
     # An earlier test may have had a backend ejected: wait until all three are back.
-    fams = wait_until(lambda: (f := families(gw)) and total(f, "tiergate_backend_up") == 3 and f)
+    fams = wait_until(lambda: (f := families(gw)) and total(f, "tiergate_backend_up") == 3 and f,
+                      "all three backends up", timeout_s=10)  # fmt: skip
     assert total(fams, "tiergate_requests", "tiergate_requests_total", tier="latency") >= 1
     assert total(fams, "tiergate_routing_decisions", "tiergate_routing_decisions_total",
                  policy="golden-range", reason="golden_range") >= 1  # fmt: skip
@@ -231,7 +223,7 @@ def test_client_disconnect_cancels_the_upstream_request(stack: Stack) -> None:
     with httpx.stream("POST", stack.gateway.url + "/v1/completions",
                       json=BODY | {"max_tokens": 3000, "stream": True}) as r:  # fmt: skip
         next(r.iter_lines())
-    assert wait_until(lambda: aborts() > before, timeout=5)
+    assert wait_until(lambda: aborts() > before, "the engine's abort counted", timeout_s=5)
 
 
 # -- routing under load -----------------------------------------------------------------------
@@ -419,7 +411,7 @@ def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_s
                 tasks = [asyncio.create_task(c.post(a + "/v1/completions", json=body))
                          for _ in range(6)]  # fmt: skip
                 seen = await asyncio.to_thread(
-                    wait_until, lambda: sum(inflight(b).values()) == 6, 3.0)  # fmt: skip
+                    wait_until, lambda: sum(inflight(b).values()) == 6, "6 in flight", 3.0)
                 assert seen, inflight(b)
                 assert inflight(b) == inflight(a)
                 # B routes by the load A put there: three more land on the less loaded backend.
@@ -430,7 +422,7 @@ def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_s
                     assert r.headers["x-tiergate-backend"] == lighter
                 await asyncio.gather(*tasks)
             drained = await asyncio.to_thread(
-                wait_until, lambda: sum(inflight(b).values()) == 0, 3.0)  # fmt: skip
+                wait_until, lambda: sum(inflight(b).values()) == 0, "none in flight", 3.0)
             assert drained
 
         asyncio.run(run())

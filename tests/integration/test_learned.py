@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.stack import MODEL, Stack, start_stack
-from tests.integration.test_gateway import families, total, wait_until
+from tests.integration.stack import MODEL, Stack, start_stack, wait_until
+from tests.integration.test_gateway import families, total
 
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 96,
                         "ignore_eos": True, "stream": True,
@@ -134,7 +134,7 @@ def test_an_acceptance_drop_is_seen_and_the_curve_moves(stack: Stack) -> None:
         _wave(gw, 8, pin)
         return bool(_models(gw)[lat]["tokens_per_step"] < 2.0)
 
-    assert wait_until(dropped, timeout=30, every=0.2)
+    assert wait_until(dropped, "the learned tokens per step below 2", timeout_s=30, every=0.2)
     after = _models(gw)[lat]
     # v4-low's vector: 1.67 tokens per step; the TPOT curve scales up with 3.26 / 1.67.
     assert after["tokens_per_step"] == pytest.approx(1.67, rel=0.2)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from loadtests.procs import GatewayProcess, ManagedProcess, SimProcess, start_all
-from tests.integration.stack import wait_until_async
+from tests.integration.stack import wait_until, wait_until_async
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 NAME = "llama31-8b-awq"  # the model's name in Triton's repository
@@ -100,13 +99,6 @@ def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
 
 def state(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
     return {b["url"]: b for b in httpx.get(gw.url + "/state").json()["backends"]}
-
-
-def wait_until(predicate: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 def chunks(text: str) -> list[Any]:
@@ -275,7 +267,7 @@ def test_gateway_reads_triton_load_from_its_metrics_port(d: Deployment) -> None:
                 headers={"x-sim-fault": "slow=30"})) for _ in range(3)]  # fmt: skip
             try:
                 seen = await asyncio.to_thread(
-                    wait_until, lambda: state(d.mixed)[t]["waiting"] == 3)  # fmt: skip
+                    wait_until, lambda: state(d.mixed)[t]["waiting"] == 3, "3 waiting", 10)
                 assert seen, state(d.mixed)[t]
                 row = state(d.mixed)[t]
                 assert (row["healthy"], row["stale"], row["inflight"]) == (True, False, 0)
@@ -289,7 +281,7 @@ def test_gateway_reads_triton_load_from_its_metrics_port(d: Deployment) -> None:
                 await asyncio.gather(*direct, return_exceptions=True)
 
     asyncio.run(run())
-    assert wait_until(lambda: state(d.mixed)[t]["waiting"] == 0)
+    assert wait_until(lambda: state(d.mixed)[t]["waiting"] == 0, "Triton's queue empty", 10)
     metrics = httpx.get(gw + "/metrics").text
     depth = f'tiergate_backend_queue_depth{{backend="{t}",state="waiting",tier="throughput"}}'
     assert depth in metrics
@@ -301,18 +293,19 @@ def test_readiness_is_read_through_tritonclient(d: Deployment) -> None:
     httpx.post(t + "/sim/faults", json={"unhealthy": True})
     try:
         for gw in (d.mixed, d.only_grpc):
-            assert wait_until(lambda gw=gw: not state(gw)[t]["healthy"])
+            assert wait_until(lambda gw=gw: not state(gw)[t]["healthy"], "Triton unhealthy", 10)
             assert state(gw)[t]["ejected_reason"] == "scrape_health server not ready"
         r = httpx.post(d.mixed.url + "/v1/completions", json=BODY)
         assert r.headers["x-tiergate-backend"] == d.vllm.url
     finally:
         httpx.post(t + "/sim/faults", json={"unhealthy": False})
-    assert wait_until(lambda: state(d.mixed)[t]["healthy"] and state(d.only_grpc)[t]["healthy"])
+    assert wait_until(lambda: state(d.mixed)[t]["healthy"] and state(d.only_grpc)[t]["healthy"],
+                      "Triton healthy again", 10)  # fmt: skip
 
 
 def test_a_model_triton_does_not_have_is_reported_and_its_backend_ejected(d: Deployment) -> None:
     t = d.triton.url
-    assert wait_until(lambda: not state(d.missing)[t]["healthy"])
+    assert wait_until(lambda: not state(d.missing)[t]["healthy"], "its backend ejected", 10)
     assert state(d.missing)[t]["ejected_reason"] == "scrape_health model missing not ready"
     assert d.missing.log is not None
     log = d.missing.log.read_text()
@@ -375,7 +368,7 @@ def test_killing_a_triton_backend_loses_no_request_that_had_not_streamed(
             for started, text in streams:
                 assert started
                 assert text.endswith("data: [DONE]\n\n")
-            assert wait_until(lambda: not state(g)[t.url]["healthy"])
+            assert wait_until(lambda: not state(g)[t.url]["healthy"], "Triton ejected", 10)
             for _ in range(4):
                 r = httpx.post(g.url + "/v1/completions", json=BODY)
                 assert r.status_code == 200

@@ -26,7 +26,14 @@ from gateway.settings import load_settings
 from gateway.state import MemoryInflightStore
 from loadtests.procs import GatewayProcess
 from tests.conftest import free_port
-from tests.integration.stack import MODEL, Stack, add_gateway, start_stack, wait_until_async
+from tests.integration.stack import (
+    MODEL,
+    Stack,
+    add_gateway,
+    start_stack,
+    wait_until,
+    wait_until_async,
+)
 
 CAP = 4
 # The latency tier takes work up to CAP and never past it; everything else overflows.
@@ -107,13 +114,6 @@ def _state(pid: int) -> str:
 
 def shm_files(parent: int) -> list[str]:
     return glob.glob(f"/dev/shm/tiergate-{parent}-*")
-
-
-def wait_for(check: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def body(max_tokens: int) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def test_two_workers_share_the_port_and_hold_the_cap(stack: Stack, tmp_path: Pat
         assert text  # whole: no error event (the simulator's text has no fixed length)
         assert not any('"error"' in e for e in events)
     assert gw.proc.wait(30) == 0  # type: ignore[union-attr]
-    wait_for(lambda: not alive(processes), 10, f"left behind: {alive(processes)}")
+    wait_until(lambda: not alive(processes), f"no process left behind of {processes}", 10)
     assert shm_files(gw.pid) == []
     assert metrics_dirs(gw.pid) == []
 
@@ -229,7 +229,7 @@ def test_a_dead_worker_is_replaced_and_none_outlives_a_killed_parent(
     gw.proc.wait(5)  # type: ignore[union-attr]
     # The workers see their parent gone, drain (nothing in flight) and exit, and one of them
     # removes the shared-memory file the parent could not.
-    wait_for(lambda: not alive(processes), 15, f"left behind: {alive(processes)}")
+    wait_until(lambda: not alive(processes), f"no process left behind of {processes}", 15)
     assert shm_files(gw.pid) == []
     assert metrics_dirs(gw.pid) == []
 
