@@ -1,10 +1,10 @@
 """`tiergate bench clients`: httpx, aiohttp and the gateway's own HTTP/1.1 client
-(gateway.http1) as upstream HTTP clients, the measurement behind the gateway's choice of client
+(gateway.core.http1) as upstream HTTP clients, the measurement behind the gateway's choice of client
 for its calls to the engines.
 
 The same N small requests (`/v1/completions`, 4 tokens) go to one `instant` simulator (no model
 time) at a fixed concurrency over pooled keep-alive connections, with `httpx.AsyncClient`,
-`aiohttp.ClientSession` and `gateway.http1.Http1Pool` in turn, over rounds (the order rotating)
+`aiohttp.ClientSession` and `gateway.core.http1.Http1Pool` in turn, over rounds (the order rotating)
 so that drift on the machine falls on each. Reported per library: requests/s and the client's
 CPU seconds per 1000 requests (`time.process_time` of this process, which is what a gateway
 worker spends per proxied request on its upstream side).
@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engines.sim.profile import load_profile
-from gateway.http1 import Http1Pool
+from gateway.core.http1 import Http1Pool
 from loadtests.overhead import (
     JSON_HEADERS,
     PROFILE,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from engines import cli as engines_cli
-from gateway import cli as gateway_cli
+from gateway.serve import cli as gateway_cli
 from loadtests import cli as loadtests_cli
 from tiergate.up import up
 
@@ -32,22 +32,29 @@ def study_command(
     seeds: Annotated[int, typer.Option(help="Seeds per cell and policy.")] = 6,
     deployment: Annotated[
         list[str] | None,
-        typer.Option(help="Deployments (loadtests/deployments.py): little, tutorial, a-lot, "
-                     "shift, knee-32, knee-48, knee-64, knee-96, eagle-worse, two-latency, "
-                     "unlike-pool (default all)."),
+        typer.Option(
+            help="Deployments (loadtests/deployments.py): little, tutorial, a-lot, "
+            "shift, knee-32, knee-48, knee-64, knee-96, eagle-worse, two-latency, "
+            "unlike-pool (default all)."
+        ),
     ] = None,
     shape: Annotated[
         list[str] | None, typer.Option(help="Shapes: step, burst (default both).")
     ] = None,
     slo: Annotated[
         list[str] | None,
-        typer.Option(help="SLO classes: tight, interactive, standard (default: each "
-                     "deployment's own two)."),
+        typer.Option(
+            help="SLO classes: tight, interactive, standard (default: each deployment's own two)."
+        ),
     ] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes (0: one per CPU).")] = 0,
     decision_calls: Annotated[
-        int, typer.Option(min=5, help="Calls per policy and snapshot size (3 and 16 backends) "
-                          "that time one routing decision alone.")
+        int,
+        typer.Option(
+            min=5,
+            help="Calls per policy and snapshot size (3 and 16 backends) "
+            "that time one routing decision alone.",
+        ),
     ] = 100_000,
     out: Annotated[
         Path | None,
@@ -87,17 +94,19 @@ loadtests_cli.bench.command("routing-sim")(study_command)
 def decision_cost_command(
     runs: Annotated[int, typer.Option(min=1, help="Whole measurements, one after another.")] = 3,
     calls: Annotated[
-        int, typer.Option(min=5, help="Calls per run, policy and snapshot size (3 and 16 "
-                          "backends), over 5 rounds.")
+        int,
+        typer.Option(
+            min=5,
+            help="Calls per run, policy and snapshot size (3 and 16 backends), over 5 rounds.",
+        ),
     ] = 100_000,
     policy: Annotated[
         list[str] | None,
-        typer.Option(help="Policies to time (default: learned, golden-range, least-loaded, "
-                     "power-of-two)."),
+        typer.Option(
+            help="Policies to time (default: learned, golden-range, least-loaded, power-of-two)."
+        ),
     ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Folder for decision-cost.md/.json.")
-    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for decision-cost.md/.json.")] = None,
 ) -> None:
     """The CPU cost of one routing decision alone, per policy, with 3 and 16 backends: each
     policy called in a loop on a fixed snapshot, `runs` times over; medians and every run's

@@ -1,6 +1,6 @@
 """The configuration reference (docs/configuration-reference.md), generated from the settings
-models so that it cannot drift from them: every field of `gateway.settings.Settings` and of the
-models under it, with its type, default, bounds and meaning. The meaning is the field's
+models so that it cannot drift from them: every field of `gateway.config.settings.Settings` and of
+the models under it, with its type, default, bounds and meaning. The meaning is the field's
 `description` where it has one, else the comment written above it (or beside it) in the source.
 
 `python -m tiergate.config_reference > docs/configuration-reference.md` rewrites the file; a
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from gateway.settings import Settings
+from gateway.config.settings import Settings
 
 __all__ = ["render"]
 
@@ -131,8 +131,8 @@ def render() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from the settings models (`gateway/settings.py`, the policy's parameters in "
-        "`gateway/routing/params.py`) by `python -m tiergate.config_reference`; a test fails "
+        "Generated from the settings models (`gateway/config/settings.py`, the policy's "
+        "parameters in `gateway/routing/params.py`) by `python -m tiergate.config_reference`; a test fails "
         "while this file and the models differ. Every field can be set in the YAML file "
         "(`--config`) or as an environment variable `TIERGATE_<FIELD>`, nested with `__` "
         "(`TIERGATE_POLICY__NAME=least-loaded`). [configuration.md](configuration.md) explains "

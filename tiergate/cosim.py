@@ -11,7 +11,8 @@ pool, with no HTTP and no real time, so that a routing study of hundreds of runs
 - the gateway: the real `Registry` (in-flight leases, their integral and TPOT SLOs, the
   snapshot routing reads), `Monitor.observe` every `scrape_interval_s` with what the engine's
   metrics page would say, the real `Learner` (scrapes and finished streams in, predictions out)
-  and the routing policy built by `build_policy`, called as `gateway.router.Router` calls it;
+  and the routing policy built by `build_policy`, called as `gateway.pipeline.router.Router` calls
+  it;
 - users: the closed loop of `loadtests.phases` (a user active in a phase sends its next request
   as soon as its last one finished; a request belongs to the phase in which it finished).
 
@@ -32,15 +33,15 @@ from typing import Any
 
 from engines.sim.profile import Profile, load_profile
 from engines.sim.scheduler import Scheduler, Sequence
-from gateway.assembly import core
-from gateway.engine_metrics import EngineStats
-from gateway.exchange import Endpoint, Exchange
-from gateway.learner import slo_limit
-from gateway.registry import BackendEntry, Registry
+from gateway.backends.learner import slo_limit
+from gateway.backends.registry import BackendEntry, Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import BackendConfig, MonitorConfig, PolicyConfig, Settings, TierConfig
+from gateway.core.exchange import Endpoint, Exchange
+from gateway.observe.telemetry import Telemetry
 from gateway.routing import PolicyParams, Reason, Role, Slo
-from gateway.settings import BackendConfig, MonitorConfig, PolicyConfig, Settings, TierConfig
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
+from gateway.serve.assembly import core
+from gateway.wire.metrics import EngineStats
 
 __all__ = [
     "MODEL",
@@ -166,7 +167,7 @@ class _Engine:
     finished: int = 0
 
     def stats(self) -> dict[str, EngineStats]:
-        """The engine's metrics page, parsed (what gateway.engine_metrics would return)."""
+        """The engine's metrics page, parsed (what gateway.wire.metrics would return)."""
         spec = self.sched.spec if self.sched.lookahead else None
         return {MODEL: EngineStats(
             running=self.running, waiting=self.waiting, kv_usage=self.kv_usage,
@@ -212,8 +213,8 @@ class _Sim:
         telemetry = Telemetry()
         self.store = MemoryInflightStore()
         self.registry = Registry(self.settings, self.store, telemetry, clock)
-        # Built as the gateway builds them (gateway.assembly.core); no session: Monitor.observe
-        # does no I/O, and the scrapes below are handed to it directly.
+        # Built as the gateway builds them (gateway.serve.assembly.core); no session:
+        # Monitor.observe does no I/O, and the scrapes below are handed to it directly.
         self.learn = spec.policy == "learned"
         parts = core(self.settings, self.registry, None, self.learn)
         self.learner, self.monitor, self.router = parts.learner, parts.monitor, parts.router
@@ -313,7 +314,7 @@ class _Sim:
             ex = req.ex
             if ex.first_text_at is None:
                 ex.first_text_at = now
-                ex.busy_mark = e.entry.busy_mark(now)  # the first byte (gateway.upstream)
+                ex.busy_mark = e.entry.busy_mark(now)  # the first byte (gateway.pipeline.upstream)
             ex.last_text_at = now
             ex.text_events += 1
             if em.finished:
@@ -323,8 +324,8 @@ class _Sim:
     def finish(self, req: _Request) -> None:
         now, ex, entry = self.now, req.ex, req.engine.entry
         ex.output_tokens = req.seq.generated
-        # The lease ends with the stream (gateway.registry.Lease.__exit__), then the learner
-        # reads the finished exchange (gateway.app).
+        # The lease ends with the stream (gateway.backends.registry.Lease.__exit__), then the
+        # learner reads the finished exchange (gateway.serve.app).
         self.store.release(entry.url)
         entry.count_lease(-1, ex.slo.tpot_s, now)
         if self.learn:
@@ -339,9 +340,7 @@ class _Sim:
         end = self.spec.duration
         phase = int(now // self.spec.phase_s) if now < end else None
         met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
-        self.done.append(
-            Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason)
-        )
+        self.done.append(Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason))
         self.busy_users.discard(req.user)
         if req.user < self.wanted:
             self.send(req.user)
@@ -354,7 +353,7 @@ class _Sim:
         n = self.sent_by_user[user]
         ex = Exchange(f"{user}-{n}", ENDPOINT, {}, _discard, now, model=MODEL, stream=True,
                       slo=spec.slo)  # fmt: skip
-        # gateway.router.Router.decide, with the policy call alone timed.
+        # gateway.pipeline.router.Router.decide, with the policy call alone timed.
         router, registry = self.router, self.registry
         req, snap = ex.route_request(), registry.snapshot()
         t0 = time.perf_counter_ns()
@@ -368,7 +367,8 @@ class _Sim:
         assert backend is not None, "every backend serves the model"
         engine = self.by_url[backend.url]
         entry = engine.entry
-        # The lease (gateway.registry.Lease.__enter__) and what gateway.upstream notes with it.
+        # The lease (gateway.backends.registry.Lease.__enter__) and what gateway.pipeline.upstream
+        # notes with it.
         self.store.acquire(entry.url)
         entry.count_lease(1, ex.slo.tpot_s, now)
         ex.joined_at_load = entry.busy

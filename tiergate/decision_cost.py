@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from gateway.latency_model import BackendModel
+from gateway.backends.latency_model import BackendModel
 from gateway.routing import (
     Backend,
     BackendLoad,
@@ -85,7 +85,7 @@ def decision_alone(
     snaps = {size: snapshot(size) for size in sizes}
     samples: dict[tuple[str, int], list[int]] = {(p, s): [] for p in policies for s in sizes}
     clock = time.perf_counter_ns
-    # As the gateway does once started (gateway.server.run_server): what lives for the whole
+    # As the gateway does once started (gateway.serve.server.run_server): what lives for the whole
     # run is kept out of the collector's passes.
     gc.collect()
     gc.freeze()
@@ -150,11 +150,16 @@ def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
     for size, goal in sorted(GOALS_P99_US.items(), key=lambda kv: kv[0]):
         cell = report["summary"][policy][str(size)]["p99_us"]
         worst = max(cell["runs"])
-        verdict = "MET" if worst <= goal else ("NOT MET" if cell["median"] > goal else
-                                               "met in the median run, not in every run")
+        verdict = (
+            "MET"
+            if worst <= goal
+            else ("NOT MET" if cell["median"] > goal else "met in the median run, not in every run")
+        )
         runs = ", ".join(f"{v:.1f}" for v in cell["runs"])
-        lines.append(f"{policy}, {size} backends: p99 {cell['median']:.1f} µs (median of "
-                     f"{len(cell['runs'])} runs; each: {runs}), goal <= {goal:g} µs: {verdict}")
+        lines.append(
+            f"{policy}, {size} backends: p99 {cell['median']:.1f} µs (median of "
+            f"{len(cell['runs'])} runs; each: {runs}), goal <= {goal:g} µs: {verdict}"
+        )
     return lines
 
 

@@ -572,8 +572,9 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     progress.advance(bar)
     wall = time.perf_counter() - t0
     report = build_report(opts, done, wall, code)
-    report["decision_alone"] = decision_alone(("learned", "golden-range", "least-loaded"),
-                                              per_round=max(1, opts.decision_calls // 5))
+    report["decision_alone"] = decision_alone(
+        ("learned", "golden-range", "least-loaded"), per_round=max(1, opts.decision_calls // 5)
+    )
     print_report(console, report)
     if opts.out is not None:
         write(opts.out, report)
@@ -1003,7 +1004,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Date: {report['date']}. Code: commit {rev['commit']}{modified}.  ",
         "A discrete-event simulation, not HTTP: the gateway's real routing policies "
         "(`gateway.routing.build_policy`), registry, monitor bookkeeping and latency model "
-        "(`gateway.learner.Learner`) drive the simulator's real scheduler "
+        "(`gateway.backends.learner.Learner`) drive the simulator's real scheduler "
         "(`engines.sim.scheduler.Scheduler` with the fitted profiles) on a virtual clock. "
         "Scrapes every 0.25 virtual s; requests are streams of 50 prompt and 256 output "
         "tokens from closed-loop users (`loadtests.phases` shapes), all of one SLO class per "
@@ -1051,7 +1052,7 @@ def markdown(report: dict[str, Any]) -> str:
         "## Verdicts",
         "",
         "learned >= 95% of the oracle's count, learned >= golden-range's and >= power-of-two's "
-        "(\"within noise\": short of the target by less than the noise band). \"95% of oracle "
+        '("within noise": short of the target by less than the noise band). "95% of oracle '
         f"from\": from a cold start, the first {WINDOW_S:g}-s window from which on learned's "
         "SLO-met count is at least 95% of the oracle's in every window (seeds pooled; short "
         "of it by no more than the noise of the two windows' counts).",

@@ -46,9 +46,9 @@ def up(
     from rich.panel import Panel
 
     from engines.sim.profile import load_profile
-    from gateway.cli import run
-    from gateway.settings import ConfigError, load_settings
-    from gateway.telemetry import setup_logging
+    from gateway.config.settings import ConfigError, load_settings
+    from gateway.observe.telemetry import setup_logging
+    from gateway.serve.cli import run
     from loadtests.procs import SimProcess
 
     console = Console(stderr=True)

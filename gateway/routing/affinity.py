@@ -12,8 +12,8 @@ of affinity. A saturated backend is never chosen for affinity; an unkeyed reques
 policy's order.
 
 Pure, like every routing stage: the key is a 64-bit integer the intake derived from the request
-(gateway.intake), and the hashes are fixed functions of it and of the backend's URL, so every
-gateway replica and worker maps a key to the same backend.
+(gateway.pipeline.intake), and the hashes are fixed functions of it and of the backend's URL, so
+every gateway replica and worker maps a key to the same backend.
 """
 
 from __future__ import annotations

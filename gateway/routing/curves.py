@@ -5,7 +5,7 @@ integer concurrency up to TABLE_MAX (piecewise linear between fixed knots unless
 tabulates it itself), straight past it. A `Prediction` holds a backend's TPOT and TTFT curves,
 the load up to which they rest on observations (the frontier), the spread of requests around the
 TPOT curve, and what the model knows about its speculative decoding. The learning that produces
-them lives in gateway.latency_model; routing only reads them, so a decision stays a pure
+them lives in gateway.backends.latency_model; routing only reads them, so a decision stays a pure
 function of its inputs.
 """
 
@@ -108,8 +108,8 @@ class Prediction:
     """One backend's predicted latency as a function of its concurrency.
 
     Up to `frontier` streams the TPOT curve rests on observations; past it the model's guess,
-    unsure by `doubt` (gateway.latency_model). A request's own TPOT scatters around the curve:
-    ln(TPOT) is taken as normal with mean ln(curve) + `bias` and deviation `spread`, as
+    unsure by `doubt` (gateway.backends.latency_model). A request's own TPOT scatters around the
+    curve: ln(TPOT) is taken as normal with mean ln(curve) + `bias` and deviation `spread`, as
     observed. `frontier` 0: nothing observed yet (the curves are zeros and mean nothing). A
     curve built by hand is taken as observed everywhere."""
 
@@ -131,8 +131,11 @@ class Prediction:
     z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "offset", tuple(
-            -math.log(v) - self.bias if v > 0 else math.inf for v in self.tpot.table))
+        object.__setattr__(
+            self,
+            "offset",
+            tuple(-math.log(v) - self.bias if v > 0 else math.inf for v in self.tpot.table),
+        )
         s2 = self.spread * self.spread
         scale = 1.0 / (math.sqrt(2.0 * s2) or 1e-12)
         z = (tuple(1.0 / math.sqrt(2.0 * (s2 + d * d) or 1e-24) for d in self.doubt)

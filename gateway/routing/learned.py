@@ -1,5 +1,5 @@
 """``learned``: each request where it adds the most SLO-meeting output, from each backend's
-learned latency curves (gateway.latency_model), with no hand-set golden range.
+learned latency curves (gateway.backends.latency_model), with no hand-set golden range.
 
 The objective is goodput, the SLO the constraint. For each candidate backend at concurrency n,
 from its predicted TPOT at n and n + 1 streams and the spread of requests around it:
@@ -21,8 +21,8 @@ that keeps everyone's SLO. So the faster tier fills to its knee while others can
 too, and past it only for requests nothing else serves better, wherever the hardware and the
 acceptance put that knee.
 
-Where the model has not looked, the predictions carry their doubt (gateway.latency_model: past
-the most streams observed, the step may turn compute-bound anywhere, more likely the further
+Where the model has not looked, the predictions carry their doubt (gateway.backends.latency_model:
+past the most streams observed, the step may turn compute-bound anywhere, more likely the further
 out), and the probabilities of meeting an SLO widen with it: one stream past the frontier is
 nearly as good as the last observed, so the request tries it and the frontier moves up by
 evidence; many streams past it are a gamble the gain prices. A backend nothing is known of is
@@ -192,9 +192,7 @@ def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
 SHORTLIST = 4
 
 
-def shortlist(
-    pool: list[Backend], rng: random.Random
-) -> tuple[list[Backend], list[Backend]]:
+def shortlist(pool: list[Backend], rng: random.Random) -> tuple[list[Backend], list[Backend]]:
     """(the backends a decision evaluates, the others in a random order, for failover)."""
     if len(pool) <= SHORTLIST:
         return pool, []

@@ -14,10 +14,10 @@ import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from gateway.engine_metrics import EngineStats
+from gateway.wire.metrics import EngineStats
 
 if TYPE_CHECKING:
-    from gateway.exchange import Exchange
+    from gateway.core.exchange import Exchange
 
 __all__ = ["BackendOptions", "Incompatible", "StreamRelay", "WireAdapter", "adapter", "kinds"]
 
@@ -30,7 +30,7 @@ class Incompatible(NamedTuple):
 
 
 class BackendOptions(Protocol):
-    """What an adapter reads of its backend's configuration (gateway.settings.BackendConfig)."""
+    """What an adapter reads of its backend's configuration (config.settings.BackendConfig)."""
 
     @property
     def priority_scheduling(self) -> bool: ...

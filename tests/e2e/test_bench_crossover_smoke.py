@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.settings import PolicyConfig
+from gateway.config.settings import PolicyConfig
 from loadtests.crossover import first_crossing, recommend, slo_limit
 from loadtests.procs import SimProcess
 

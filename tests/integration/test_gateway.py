@@ -152,6 +152,7 @@ def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
     assert total(fams, "tiergate_retries", "tiergate_retries_total", backend=bad.url) >= 1
     view = _backend_view(stack, bad.url)
     assert view["ejected_reason"] == "requests_http_500"
+
     # Healthy again, it comes back through probation: one request at a time, three successes
     # (the stack's outlier settings), after its ejection has run out.
     def back() -> bool:
@@ -411,7 +412,8 @@ def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_s
                 tasks = [asyncio.create_task(c.post(a + "/v1/completions", json=body))
                          for _ in range(6)]  # fmt: skip
                 seen = await asyncio.to_thread(
-                    wait_until, lambda: sum(inflight(b).values()) == 6, "6 in flight", 3.0)
+                    wait_until, lambda: sum(inflight(b).values()) == 6, "6 in flight", 3.0
+                )
                 assert seen, inflight(b)
                 assert inflight(b) == inflight(a)
                 # B routes by the load A put there: three more land on the less loaded backend.
@@ -422,7 +424,8 @@ def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_s
                     assert r.headers["x-tiergate-backend"] == lighter
                 await asyncio.gather(*tasks)
             drained = await asyncio.to_thread(
-                wait_until, lambda: sum(inflight(b).values()) == 0, "none in flight", 3.0)
+                wait_until, lambda: sum(inflight(b).values()) == 0, "none in flight", 3.0
+            )
             assert drained
 
         asyncio.run(run())

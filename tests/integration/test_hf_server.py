@@ -162,9 +162,12 @@ def test_client_mistakes_get_vllm_errors(server: Server, body: dict[str, object]
 def test_requests_run_one_at_a_time_and_the_queue_is_visible(server: Server) -> None:
     async def run() -> list[float]:
         async with httpx.AsyncClient(timeout=30) as client:
+
             async def one() -> float:
-                await client.post(server.url + "/v1/completions", json={
-                    "model": MODEL, "prompt": "a b", "max_tokens": 20, "ignore_eos": True})
+                await client.post(
+                    server.url + "/v1/completions",
+                    json={"model": MODEL, "prompt": "a b", "max_tokens": 20, "ignore_eos": True},
+                )
                 return time.monotonic()
 
             tasks = [asyncio.create_task(one()) for _ in range(4)]
@@ -271,4 +274,3 @@ def test_the_gpu_probe_against_the_server(server: Server) -> None:
     assert len(out["four_concurrent_e2e_s"]) == 4
     assert any(line.endswith(" 3.0") for line in out["gauges_during"])
     assert out["non_streamed"]["usage"]["completion_tokens"] == 5
-

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from gateway.http1 import Http1Pool
+from gateway.core.http1 import Http1Pool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.telemetry import Telemetry
+from gateway.observe.telemetry import Telemetry
 from loadtests.promstack import (
     DASHBOARDS_DIR,
     PROMETHEUS_CONFIG,

@@ -166,4 +166,3 @@ def test_the_docs_render_in_a_browser(stack: Stack, page: str, tmp_path: Path) -
 
 def _assets(html: str) -> list[str]:
     return re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html)
-

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.tenants import hash_key
+from gateway.pipeline.tenants import hash_key
 from loadtests.procs import GatewayProcess, SimProcess
 from tests.integration.stack import wait_until_async
 

@@ -1,6 +1,6 @@
 """Faults in real simulator processes behind a real gateway: what the clients see, and how the
-gateway takes the faulty engine out of rotation and brings it back (gateway.outlier,
-gateway.watchdog)."""
+gateway takes the faulty engine out of rotation and brings it back (gateway.backends.outlier,
+gateway.pipeline.watchdog)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from gateway.state import SharedInflightStore, SharedTable
+from gateway.backends.state import SharedInflightStore, SharedTable
 
 A, B = "http://a:1", "http://b:2"
 LIMIT = 3

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.state import (
+from gateway.backends.state import (
     InflightStore,
     MemoryInflightStore,
     RedisInflightStore,
@@ -21,13 +21,13 @@ from gateway.state import (
     SharedTable,
     make_store,
 )
-from gateway.state.redis import redact_url
+from gateway.backends.state.redis import redact_url
 from tests.conftest import free_port
 
 if TYPE_CHECKING:
     from tests.conftest import RedisProcess
 
-LOGGER = "gateway.state.redis"
+LOGGER = "gateway.backends.state.redis"
 
 
 async def eventually(check: Callable[[], bool], within: float = 1.0, what: str = "") -> float:

@@ -20,7 +20,7 @@ import redis
 import yaml
 from multidict import CIMultiDict
 
-from gateway.tenants import hash_key
+from gateway.pipeline.tenants import hash_key
 from loadtests.procs import GatewayProcess, SimProcess
 from tests.conftest import RedisProcess
 from tests.integration.stack import wait_until
@@ -149,8 +149,8 @@ def test_tokens_are_charged_by_the_engines_usage(deployment: Deployment) -> None
     assert '"usage"' not in text
     assert text.endswith("data: [DONE]\n\n")
     assert 300 - used - 5 <= left_before <= 300 - used + 5  # refilled a little meanwhile
-    # The stream's charge goes to Redis as it ends: the tenant's bucket (gateway.limits) drops
-    # by about one more `used` below the level the stream was admitted at.
+    # The stream's charge goes to Redis as it ends: the tenant's bucket (gateway.pipeline.limits)
+    # drops by about one more `used` below the level the stream was admitted at.
     bucket = redis.Redis.from_url(deployment.redis.url, decode_responses=True)
     try:
         wait_until(lambda: float(bucket.hget("tiergate:limits:tokens:tokens", "level") or 300)

@@ -22,11 +22,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.app import COMPLETIONS, Proxy
-from gateway.assembly import Gateway, open_gateway
-from gateway.settings import load_settings
-from gateway.tracing import provider_from_env
-from gateway.tracing_env import trace_exporters
+from gateway.config.settings import load_settings
+from gateway.observe.tracing_env import trace_exporters
+from gateway.pipeline.tracing import provider_from_env
+from gateway.serve.app import COMPLETIONS, Proxy
+from gateway.serve.assembly import Gateway, open_gateway
 from loadtests.procs import wait_http
 from tests.conftest import free_port
 from tests.integration.stack import MODEL, start_stack
@@ -228,22 +228,22 @@ def test_off_the_gateway_does_not_load_the_tracing_sdk() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     code = (
         "import asyncio, sys\n"
-        "from gateway.assembly import open_gateway\n"
-        "from gateway.settings import load_settings\n"
+        "from gateway.serve.assembly import open_gateway\n"
+        "from gateway.config.settings import load_settings\n"
         "tier = {'name': 't', 'role': 'throughput', 'backends': [{'url': sys.argv[1], "
         "'models': ['m']}]}\n"
         "async def main():\n"
         "    async with open_gateway(load_settings(None, tiers=[tier])) as gw:\n"
         "        assert gw.tracing is None\n"
         "asyncio.run(main())\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('gateway.tracing', "
+        "print(sorted(m for m in sys.modules if m.startswith(('gateway.pipeline.tracing', "
         "'opentelemetry.sdk.trace', 'opentelemetry.exporter'))))\n"
     )
     url = f"http://127.0.0.1:{free_port()}"
     out = subprocess.run([sys.executable, "-c", code, url], env=env, capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip
     # (Only the tracing part: redis loads OpenTelemetry's API for its own instrumentation.)
-    assert out.stdout.strip() == "['gateway.tracing_env']"
+    assert out.stdout.strip() == "['gateway.observe.tracing_env']"
 
 
 RECEIVER = textwrap.dedent("""

@@ -19,11 +19,11 @@ import aiohttp
 import httpx
 import pytest
 
-from gateway.app import COMPLETIONS, Proxy
-from gateway.assembly import open_gateway
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import load_settings
 from gateway.routing import Decision, RouteRequest
-from gateway.settings import load_settings
-from gateway.state import MemoryInflightStore
+from gateway.serve.app import COMPLETIONS, Proxy
+from gateway.serve.assembly import open_gateway
 from loadtests.procs import GatewayProcess
 from tests.conftest import free_port
 from tests.integration.stack import (

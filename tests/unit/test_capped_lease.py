@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import random
 
-from gateway.registry import Registry
-from gateway.retry import Full, Retryable, RetryExecutor
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import RetryConfig, Settings
+from gateway.observe.telemetry import Telemetry
+from gateway.pipeline.retry import Full, Retryable, RetryExecutor
 from gateway.routing import Backend, Role
-from gateway.settings import RetryConfig, Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
 
 LAT, THR = "http://lat:1", "http://thr:1"
 CAP = 2

@@ -21,7 +21,7 @@ import jsonschema  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import yaml
 
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from tests.unit.deployfiles import (
     COMPOSE_FILE,
     ROOT,

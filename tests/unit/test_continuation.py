@@ -1,4 +1,4 @@
-"""Mid-stream continuation (gateway.continuation): what a broken stream sent, the request for
+"""Mid-stream continuation (pipeline.continuation): what a broken stream sent, the request for
 the rest, and the splice into the client's stream."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.continuation import Progress, Splicer, continued_body, replay, whole_events
+from gateway.pipeline.continuation import Progress, Splicer, continued_body, replay, whole_events
 
 
 def sse(*events: dict[str, Any] | str) -> bytes:
@@ -130,8 +130,13 @@ def test_the_splice_keeps_the_first_streams_id_and_counts_the_whole_answer() -> 
 
 def test_the_splice_drops_a_second_role_delta() -> None:
     s = Splicer(progress(), chat=True)
-    out = s.feed(sse(chat({"role": "assistant", "content": ""}),
-                     chat({"role": "assistant", "content": "more"}), chat({"content": "!"})))
+    out = s.feed(
+        sse(
+            chat({"role": "assistant", "content": ""}),
+            chat({"role": "assistant", "content": "more"}),
+            chat({"content": "!"}),
+        )
+    )
     deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in out.decode().split("\n\n") if e]
     # the role-only event is gone; one with content keeps its content, not its role
     assert deltas == [{"content": "more"}, {"content": "!"}]

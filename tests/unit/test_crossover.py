@@ -9,8 +9,8 @@ import math
 import pytest
 import yaml
 
+from gateway.config.settings import PolicyConfig
 from gateway.routing import PolicyParams
-from gateway.settings import PolicyConfig
 from loadtests.client import Result
 from loadtests.crossover import (
     Crossing,

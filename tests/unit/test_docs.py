@@ -56,7 +56,7 @@ def test_the_configuration_reference_is_the_settings_models() -> None:
 
 
 def test_the_reference_names_every_field_with_its_meaning() -> None:
-    from gateway.settings import LearningConfig, Settings
+    from gateway.config.settings import LearningConfig, Settings
     from tiergate.config_reference import comments, render
 
     text = render()

@@ -1,4 +1,4 @@
-"""Tests of the pure engine-metrics parsers (gateway.engine_metrics)."""
+"""Tests of the pure engine-metrics parsers (gateway.wire.metrics)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.engine_metrics import (
+from gateway.wire.metrics import (
     EngineStats,
     MetricsParseError,
     parse_triton_metrics,
@@ -222,7 +222,7 @@ def first_20_kb(text: str) -> str:
 
 
 def test_realistic_page_is_at_least_20_kb() -> None:
-    # Guards the benchmark premise quoted in gateway/engine_metrics.py.
+    # Guards the benchmark premise quoted in gateway/wire/metrics.py.
     assert len(vllm_page(ONE_ENGINE).encode()) >= 20_000
     assert 19_000 <= len(first_20_kb(vllm_page(ONE_ENGINE)).encode()) <= 20_480
 
@@ -271,8 +271,13 @@ def test_realistic_page_is_at_least_20_kb() -> None:
             "vllm:gpu_cache_usage_perc",
             False,
             EngineStats(
-                running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000,
-                itl_sum=pytest.approx(10.934), itl_count=5,
+                running=7,
+                waiting=2,
+                kv_usage=0.375,
+                success_total=143,
+                generation_tokens=256_000,
+                itl_sum=pytest.approx(10.934),
+                itl_count=5,
             ),
             id="old-kv-name-no-spec",
         ),

@@ -1,13 +1,13 @@
-"""Hedging a slow first token (gateway.hedge): the deadline and the hedge's backend."""
+"""Hedging a slow first token (gateway.pipeline.hedge): the deadline and the hedge's backend."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.hedge import hedge_after, hedge_backend
+from gateway.config.settings import HedgeConfig
+from gateway.pipeline.hedge import hedge_after, hedge_backend
 from gateway.routing import Backend, Role
 from gateway.routing.curves import Curve, Prediction
-from gateway.settings import HedgeConfig
 
 
 def ttft(seconds: float) -> Prediction:

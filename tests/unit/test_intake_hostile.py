@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import GatewayError
-from gateway.exchange import Endpoint, Exchange
-from gateway.intake import ClientGone, Intake
-from gateway.registry import Registry
-from gateway.settings import Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import Settings
+from gateway.core.errors import GatewayError
+from gateway.core.exchange import Endpoint, Exchange
+from gateway.observe.telemetry import Telemetry
+from gateway.pipeline.intake import ClientGone, Intake
 
 COMPLETIONS = Endpoint("/v1/completions", chat=False)
 OKAY = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 4}).encode()

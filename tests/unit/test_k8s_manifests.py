@@ -24,7 +24,7 @@ import kubernetes_validate  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import yaml
 
-from gateway.settings import Settings, load_settings
+from gateway.config.settings import Settings, load_settings
 from tests.unit.deployfiles import ROOT, flag_value, yaml_documents
 
 K8S = ROOT / "deploy" / "k8s"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 
-from gateway.engine_metrics import EngineStats
-from gateway.learner import Learner
-from gateway.registry import Registry
-from gateway.settings import BackendConfig, LearningConfig, Settings, TierConfig
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
+from gateway.backends.learner import Learner
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import BackendConfig, LearningConfig, Settings, TierConfig
+from gateway.observe.telemetry import Telemetry
+from gateway.wire.metrics import EngineStats
 
 MODEL = "m"
 POOL = ("http://awq-0:8000", "http://awq-1:8000")

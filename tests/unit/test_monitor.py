@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from gateway.engine_metrics import EngineStats
-from gateway.load.monitor import Monitor, ScrapeFailed, merge
-from gateway.registry import Registry
-from gateway.settings import Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
+from gateway.backends.monitor import Monitor, ScrapeFailed, merge
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import Settings
+from gateway.observe.telemetry import Telemetry
+from gateway.wire.metrics import EngineStats
 
 URL = "http://b:1"
 

@@ -1,11 +1,11 @@
-"""Outlier detection (gateway.outlier): the verdicts of request outcomes, on a virtual clock."""
+"""Outlier detection (backends.outlier): the verdicts of request outcomes, on a virtual clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.outlier import Mode, OutlierState, Verdict
-from gateway.settings import OutlierConfig
+from gateway.backends.outlier import Mode, OutlierState, Verdict
+from gateway.config.settings import OutlierConfig
 
 CFG = OutlierConfig(consecutive_failures=3, failure_ratio=0.3, window_s=10, min_requests=10,
                     base_ejection_s=5, max_ejection_s=60, trial_successes=3)  # fmt: skip

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from gateway.registry import ChangeSignal, Registry
+from gateway.backends.registry import ChangeSignal, Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import Settings
+from gateway.observe.telemetry import Telemetry
 from gateway.routing import Role
-from gateway.settings import Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
 
 LAT, T1, T2, TRITON = "http://lat:1", "http://t1:1", "http://t2:1", "http://tr:1"
 

@@ -1,4 +1,4 @@
-"""Gray releases' split (gateway.releases): ranges, stickiness, changes, shadow choice."""
+"""Gray releases' split (gateway.pipeline.releases): ranges, stickiness, changes, shadow choice."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.releases import Release, ReleaseError, Releases, key_point
-from gateway.settings import ReleaseConfig, ShadowConfig
+from gateway.config.settings import ReleaseConfig, ShadowConfig
+from gateway.pipeline.releases import Release, ReleaseError, Releases, key_point
 
 
 def config(*weights: float, shadow: tuple[str, float] | None = None) -> ReleaseConfig:

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import Admission, Queueing
-from gateway.errors import GatewayError
-from gateway.exchange import Endpoint, Exchange
-from gateway.intake import Intake
-from gateway.registry import ChangeSignal, Registry
+from gateway.backends.registry import ChangeSignal, Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import Settings
+from gateway.core.errors import GatewayError
+from gateway.core.exchange import Endpoint, Exchange
+from gateway.observe.telemetry import Telemetry
+from gateway.pipeline.admission import Admission, Queueing
+from gateway.pipeline.intake import Intake
 from gateway.routing import Backend, Decision, Reason, Role, RouteRequest, RouterState
-from gateway.settings import Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
-from gateway.wire.vllm import VllmRelay, completion_tokens, has_text
+from gateway.wire.vllm.adapter import VllmRelay, completion_tokens, has_text
 
 COMPLETIONS = Endpoint("/v1/completions", chat=False)
 CHAT = Endpoint("/v1/chat/completions", chat=True)
@@ -306,7 +306,7 @@ KEYS = {"inter": ("interactive", "sk-i"), "std": ("standard", "sk-s"), "bat": ("
 
 
 def tenant_settings(**extra: Any) -> Settings:
-    from gateway.tenants import hash_key
+    from gateway.pipeline.tenants import hash_key
 
     tenants = [{"name": n, "key_sha256": hash_key(k), "priority": p}
                for n, (p, k) in KEYS.items()]  # fmt: skip
@@ -347,8 +347,8 @@ async def test_batch_work_is_not_pinned_where_no_pool_serves_the_model() -> None
 def test_vllm_priority_goes_to_engines_with_priority_scheduling(
     scheduling: bool, priority: int | None, sent: int | None
 ) -> None:
-    from gateway.settings import BackendConfig
-    from gateway.wire.vllm import ADAPTER
+    from gateway.config.settings import BackendConfig
+    from gateway.wire.vllm.adapter import ADAPTER
 
     backend = BackendConfig(url=T1, models=["m"], priority_scheduling=scheduling)
     ex = Exchange("id", COMPLETIONS, {}, _no_send, 0.0)

@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.retry import Retryable, RetryBudget, RetryExecutor, within
+from gateway.config.settings import RetryConfig
+from gateway.pipeline.retry import Retryable, RetryBudget, RetryExecutor, within
 from gateway.routing import Backend, Role
-from gateway.settings import RetryConfig
 
 
 class Clock:

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from gateway.registry import Registry
-from gateway.router import Router
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import Settings
+from gateway.observe.telemetry import Telemetry
+from gateway.pipeline.router import Router
 from gateway.routing import Decision, LoadSnapshot, Reason, RouteRequest, RouterState
-from gateway.settings import Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
 
 
 class _Broken:
@@ -34,7 +34,7 @@ def test_a_failing_policy_falls_back_to_the_least_loaded(caplog: pytest.LogCaptu
     router.policy = _Broken()  # type: ignore[assignment]
     for url in ("http://l:1", "http://t1:1"):
         reg.store.acquire(url)  # t2 is the least loaded
-    with caplog.at_level(logging.ERROR, logger="gateway.router"):
+    with caplog.at_level(logging.ERROR, logger="gateway.pipeline.router"):
         decisions = [router.decide(RouteRequest("m")) for _ in range(3)]
     for d in decisions:
         assert d.reason == Reason.POLICY_ERROR

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from gateway.intake import affinity_of
+from gateway.pipeline.intake import affinity_of
 from gateway.routing import Decision, PolicyParams, Reason, RouteRequest, RouterState
 from gateway.routing.affinity import Affinity, affinity_key, rank
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, T2, T3, load, snap, urls

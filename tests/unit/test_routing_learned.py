@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.latency_model import UNKNOWN
+from gateway.backends.latency_model import UNKNOWN
 from gateway.routing import (
     Backend,
     BackendLoad,

@@ -8,6 +8,7 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
+from gateway.config.settings import PolicyConfig
 from gateway.routing import (
     DEFAULT_POLICY,
     POLICY_NAMES,
@@ -22,7 +23,6 @@ from gateway.routing.baselines import LeastLoaded, RoundRobin, TierFirst
 from gateway.routing.golden import GoldenRange, Hysteresis
 from gateway.routing.order import Ordering
 from gateway.routing.saturation import Saturation
-from gateway.settings import PolicyConfig
 from tests.unit.routingfixtures import P
 
 

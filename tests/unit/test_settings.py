@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.settings import (
+from gateway.config.settings import (
     ConfigError,
     MonitorConfig,
     PolicyConfig,

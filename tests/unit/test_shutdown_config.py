@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.drain import Drain
-from gateway.exchange import Endpoint, Exchange
-from gateway.settings import ConfigError, Settings, load_settings
+from gateway.config.settings import ConfigError, Settings, load_settings
+from gateway.core.exchange import Endpoint, Exchange
+from gateway.pipeline.drain import Drain
 from tests.unit.deployfiles import ROOT, raw_compose, yaml_documents
 
 TIER = [{"name": "t", "role": "throughput",

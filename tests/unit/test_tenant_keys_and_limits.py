@@ -1,4 +1,4 @@
-"""Tenants (gateway.tenants) and their limits counted in process (gateway.limits), on a
+"""Tenants (pipeline.tenants) and their limits counted in process (pipeline.limits), on a
 virtual clock."""
 
 from __future__ import annotations
@@ -9,10 +9,16 @@ from typing import Any
 
 import pytest
 
-from gateway import tenants as tenants_module
-from gateway.limits import LocalLimits, Verdict, duration, total_tokens, without_usage_events
-from gateway.settings import LimitsConfig, Settings
-from gateway.tenants import ANONYMOUS, Tenant, Tenants, hash_key, new_key
+from gateway.config.settings import LimitsConfig, Settings
+from gateway.pipeline import tenants as tenants_module
+from gateway.pipeline.limits import (
+    LocalLimits,
+    Verdict,
+    duration,
+    total_tokens,
+    without_usage_events,
+)
+from gateway.pipeline.tenants import ANONYMOUS, Tenant, Tenants, hash_key, new_key
 
 KEYS = {"alice": "sk-alice-key", "bob": "sk-bob-key"}
 

@@ -20,8 +20,8 @@ from engines.sim.triton import (
     parse_generate,
     render_metrics,
 )
-from gateway.engine_metrics import parse_triton_metrics
-from gateway.settings import ConfigError, load_settings
+from gateway.config.settings import ConfigError, load_settings
+from gateway.wire.metrics import parse_triton_metrics
 
 REPO = Path(__file__).resolve().parents[2] / "engines" / "triton" / "model_repository"
 MODEL = "meta-llama/Llama-2-7b-chat-hf"

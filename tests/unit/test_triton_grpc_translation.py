@@ -1,4 +1,4 @@
-"""Triton's generate API <-> its gRPC stream (gateway.wire._triton_grpc), and the stand-in's
+"""Triton's generate API <-> its gRPC stream (gateway.wire.triton.grpc_codec), and the stand-in's
 reading of inference requests (engines.sim.triton_grpc): pure, tables of cases."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2
 from engines.sim.triton import TritonError
 from engines.sim.triton_grpc import infer_response, read_request
 from gateway.wire import _triton_grpc as g
-from gateway.wire.triton import generate_request
+from gateway.wire.triton.adapter import generate_request
 
 PATH = "/v2/models/llama31-8b-awq/generate_stream"
 ALL = frozenset(g.INPUT_TYPES)

@@ -1,4 +1,4 @@
-"""The Triton readiness check (gateway.load.triton) against a stand-in for tritonclient's client:
+"""The Triton readiness check (wire.triton.readiness) against a stand-in for tritonclient's client:
 what it reports, what it logs (once per problem), and what it tells the gRPC transport."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from gateway.load.triton import TritonReadiness
-from gateway.registry import Registry
-from gateway.settings import Settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
-from gateway.wire._triton_grpc import INPUT_TYPES
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import Settings
+from gateway.observe.telemetry import Telemetry
+from gateway.wire.triton.grpc_codec import INPUT_TYPES
+from gateway.wire.triton.readiness import TritonReadiness
 
 URL = "http://t:8000"
 
@@ -77,7 +77,7 @@ async def test_what_is_reported_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ready = readiness(True, client)
-    with caplog.at_level(logging.INFO, "gateway.load.triton"):
+    with caplog.at_level(logging.INFO, "gateway.wire.triton.readiness"):
         for _ in range(3):
             assert await ready.check() == result
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
@@ -88,7 +88,7 @@ async def test_what_is_reported_and_logged_once(
     # Fixed: said once.
     client.inputs, client.models, client.ready = dict(INPUT_TYPES), ("m",), True
     caplog.clear()
-    with caplog.at_level(logging.INFO, "gateway.load.triton"):
+    with caplog.at_level(logging.INFO, "gateway.wire.triton.readiness"):
         assert await ready.check() is None
         assert await ready.check() is None
     fine = [r for r in caplog.records if "is fine now" in r.getMessage()]

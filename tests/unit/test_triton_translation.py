@@ -1,4 +1,4 @@
-"""OpenAI completions <-> Triton generate (gateway/wire/triton.py), by tables."""
+"""OpenAI completions <-> Triton generate (gateway/wire/triton/adapter.py), by tables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.wire.triton import Call, Incompatible, error_reply, incompatibility, prepare
+from gateway.wire.triton.adapter import Call, Incompatible, error_reply, incompatibility, prepare
 
 FLAGS = {"return_finish_reason": True, "return_num_input_tokens": True,
          "return_num_output_tokens": True}  # fmt: skip

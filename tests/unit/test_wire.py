@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from gateway import wire
-from gateway.registry import Registry
-from gateway.settings import ConfigError, Settings, load_settings
-from gateway.state import MemoryInflightStore
-from gateway.telemetry import Telemetry
+from gateway.backends.registry import Registry
+from gateway.backends.state import MemoryInflightStore
+from gateway.config.settings import ConfigError, Settings, load_settings
+from gateway.observe.telemetry import Telemetry
 
-ECHO = '''
-from gateway.wire.vllm import VllmAdapter
+ECHO = """
+from gateway.wire.vllm.adapter import VllmAdapter
 
 
 class EchoAdapter(VllmAdapter):
@@ -24,7 +24,7 @@ class EchoAdapter(VllmAdapter):
 
 
 ADAPTER = EchoAdapter()
-'''
+"""
 
 
 def test_the_shipped_kinds() -> None:

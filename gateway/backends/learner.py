@@ -1,0 +1,173 @@
+"""Feeding the latency model: what the gateway sees goes in, predictions come out to routing.
+
+In: every scrape of an engine (its running count, inter-token latency histogram and speculative
+counters, from the monitor) and every stream the gateway relayed (its TTFT and TPOT, the
+backend's lease count when it joined and on average while it decoded). Out: the registry's
+`curves`, refitted once per monitor round where something was learned, which every routing
+snapshot carries; the model's gauges; and the view `/state` shows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from gateway.backends.latency_model import UNKNOWN, BackendModel, EngineSample, with_mate
+from gateway.backends.registry import BackendEntry, Registry
+from gateway.config.settings import Settings
+from gateway.core import api
+from gateway.core.exchange import Exchange
+from gateway.observe.telemetry import Telemetry
+from gateway.routing import Role
+from gateway.routing.curves import Prediction
+from gateway.wire.metrics import EngineStats
+
+__all__ = ["SHOWN_CONCURRENCIES", "Learner", "engine_sample", "slo_limit"]
+
+# Where /state and the gauges show each curve.
+SHOWN_CONCURRENCIES = (1, 8, 16, 24, 32, 48, 64)
+
+
+def engine_sample(stats: Mapping[str, EngineStats]) -> EngineSample:
+    """One scrape's figures, summed over the engine's models."""
+    s = list(stats.values())
+    itl = [x for x in s if x.itl_sum is not None and x.itl_count is not None]
+    spec = [x for x in s if x.spec_drafts is not None and x.spec_draft_tokens is not None
+            and x.spec_accepted_tokens is not None]  # fmt: skip
+    return EngineSample(
+        running=sum(x.running for x in s),
+        itl_sum=sum(x.itl_sum or 0.0 for x in itl) if itl else None,
+        itl_count=sum(x.itl_count or 0.0 for x in itl) if itl else None,
+        spec=(
+            sum(x.spec_drafts or 0.0 for x in spec),
+            sum(x.spec_draft_tokens or 0.0 for x in spec),
+            sum(x.spec_accepted_tokens or 0.0 for x in spec),
+        ) if spec else None,
+    )  # fmt: skip
+
+
+def slo_limit(pred: Prediction, tpot_s: float, upto: int = 256) -> int:
+    """The most streams at which the predicted TPOT still meets `tpot_s` (0: not even one, or
+    nothing known)."""
+    if not pred.known:
+        return 0
+    n = 0
+    while n < upto and pred.tpot.at(n + 1) <= tpot_s:
+        n += 1
+    return n
+
+
+class Learner:
+    def __init__(
+        self,
+        registry: Registry,
+        settings: Settings,
+        telemetry: Telemetry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry, self.telemetry, self.clock = registry, telemetry, clock
+        self.slo = settings.slo.slo()
+        cfg = settings.learning
+        self.models = {
+            e.url: BackendModel(
+                cfg.memory, cfg.acceptance_halflife_s, cfg.spread, cfg.ridge_max_tokens
+            )
+            for e in registry
+        }
+        self.unlike = cfg.tier_unlike
+        # Each backend's prediction from its own observations; routing reads them told what
+        # their tier-mates have seen (with_mate).
+        self.own: dict[str, Prediction] = dict.fromkeys(self.models, UNKNOWN)
+        self.tiers: dict[str, list[str]] = {}
+        for e in registry:
+            self.tiers.setdefault(e.backend.tier, []).append(e.url)
+        self.registry.curves = MappingProxyType(dict.fromkeys(self.models, UNKNOWN))
+        self._dirty: set[str] = set(self.models)
+        self.refresh()
+
+    # -- in ------------------------------------------------------------------------------------
+    def scraped(self, entry: BackendEntry, stats: Mapping[str, EngineStats], now: float) -> None:
+        self.models[entry.url].observe_engine(engine_sample(stats), now)
+        self._dirty.add(entry.url)
+
+    def finished(self, ex: Exchange) -> None:
+        """A relayed stream, if it ran to its end: TTFT at the load it joined, TPOT at the
+        mean load while it decoded."""
+        b, ttft, tpot = ex.backend, ex.ttft, ex.tpot
+        if b is None or ex.status != 200 or ttft is None or ex.midstream_error:
+            return
+        if ex.continuations:  # its TPOT is two backends' (and a gap): no one's curve
+            return
+        entry = self.registry.entry(b.url)
+        now = self.clock()
+        decoding = None
+        if tpot is not None and ex.busy_mark is not None:
+            area, at = ex.busy_mark
+            end_area, _ = entry.busy_mark(now)
+            mean = (end_area - area) / (now - at) if now > at else float(entry.busy)
+            decoding = (max(1.0, mean), tpot)
+        self.models[b.url].observe_request(now, decoding, (ex.joined_at_load, ttft))
+        self._dirty.add(b.url)
+
+    def slow_start(self, url: str, load: int, waited: float) -> None:
+        """A stream left `url` for a hedge after `waited` s without a byte at `load`: a TTFT
+        it has at least, learned at once so that routing keeps away while it stays slow."""
+        self.models[url].observe_request(self.clock(), None, (max(1, load), waited))
+        self._dirty.add(url)
+
+    # -- out -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Refit what learned something since the last call and hand it to routing."""
+        if not self._dirty:
+            return
+        curves = dict(self.registry.curves)
+        for url in self._dirty:
+            self.own[url] = self.models[url].prediction()
+        for urls in self.tiers.values():
+            if self._dirty.isdisjoint(urls):
+                continue
+            # The tier-mate that has seen the most streams tells the others about the load
+            # they have not seen yet.
+            ahead = max(urls, key=lambda u: self.own[u].frontier)
+            for url in urls:
+                # Unchanged unless it or the mate ahead learned (a new mate ahead learned).
+                if url not in self._dirty and ahead not in self._dirty:
+                    continue
+                pred = self.own[url]
+                if url != ahead:
+                    pred = with_mate(pred, self.own[ahead], self.unlike)
+                curves[url] = pred
+                self._gauges(self.registry.entry(url), pred)
+        self._dirty.clear()
+        self.registry.curves = MappingProxyType(curves)
+
+    def view(self, url: str, now: float) -> api.ModelView | None:
+        pred = self.registry.curves.get(url)
+        if pred is None:
+            return None
+        tpot, ttft, tps = pred.tpot, pred.ttft, pred.tokens_per_step
+        return api.ModelView(
+            frontier=pred.frontier,
+            spread=round(pred.spread, 4),
+            bias=round(pred.bias, 4),
+            curve=[api.CurvePoint(concurrency=n, tpot_ms=round(tpot.at(n) * 1000, 3),
+                                  step_ms=round(tpot.at(n) * tps * 1000, 3),
+                                  ttft_ms=round(ttft.at(n) * 1000, 3),
+                                  evidence=round(tpot.evidence_at(n), 2))
+                   for n in SHOWN_CONCURRENCIES],
+            tokens_per_step=round(pred.tokens_per_step, 3),
+            acceptance_rate=None if pred.acceptance is None else round(pred.acceptance, 4),
+            slo_limit=slo_limit(pred, self.slo.tpot_s),
+            observed_ago_s=None if pred.observed_at is None else round(now - pred.observed_at, 3),
+        )  # fmt: skip
+
+    def _gauges(self, entry: BackendEntry, pred: Prediction) -> None:
+        t, b = self.telemetry, entry.backend
+        for n in SHOWN_CONCURRENCIES:
+            value = pred.tpot.at(n) if pred.known else math.nan
+            t.child(t.predicted_tpot, b.role.value, b.url, str(n)).set(value)
+        t.child(t.frontier, b.role.value, b.url).set(pred.frontier)
+        if b.role is Role.LATENCY:
+            t.child(t.latency_limit, b.url).set(slo_limit(pred, self.slo.tpot_s))

@@ -1,0 +1,228 @@
+"""Live load: scrape every backend's metrics and health into the registry, and take the ones
+that fail out of rotation.
+
+Every `scrape_interval_s` the monitor reads each backend's metrics page (through its wire
+adapter's parser) and, every `probe_interval_s`, its health endpoint. A backend is ejected after
+`eject_after_failures` consecutive failed scrapes, at once when its health check answers
+non-200, and when it has work but its generated-token counter has not moved for `stall_after_s`
+(an engine that still answers /health and /metrics but produces nothing). Backends down are
+probed every `probe_interval_s` and come back after one good probe that shows no stall.
+Backends ejected for their requests' outcomes (gateway.backends.outlier) are still scraped, and come
+back through probation, not a probe: each round moves those whose ejection ran out. A Triton
+backend's health is its readiness and its models' through tritonclient
+(gateway.wire.triton.readiness).
+
+The I/O (`_fetch`) and the bookkeeping (`observe`, a pure function of the result and the time)
+are apart, so the rules are tested on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import aiohttp
+
+from gateway.backends.registry import BackendEntry, Registry
+from gateway.config.settings import MonitorConfig
+from gateway.observe.telemetry import Telemetry
+from gateway.wire.metrics import EngineStats, MetricsParseError
+
+if TYPE_CHECKING:
+    from gateway.wire.triton.readiness import TritonReadiness
+
+__all__ = ["Monitor", "ScrapeFailed", "merge"]
+
+log = logging.getLogger(__name__)
+
+
+class ScrapeFailed(Exception):
+    """A scrape that did not produce load figures. `hard`: the backend said it is unwell (a
+    non-200 health or metrics answer), which ejects at once; otherwise (timeouts, refused
+    connections, an unparsable page) only repeated failures do."""
+
+    def __init__(self, why: str, *, hard: bool) -> None:
+        super().__init__(why)
+        self.why, self.hard = why, hard
+
+
+@dataclass(slots=True)
+class _Watch:
+    """The monitor's own bookkeeping for one backend."""
+
+    next_probe: float = 0.0  # when health is checked next
+    scrape_failures: int = 0
+    progress: float | None = None  # the generated-token counter, last time it moved
+    progress_at: float = 0.0
+
+
+def merge(stats: Mapping[str, EngineStats]) -> tuple[int, int, float, float | None, float | None]:
+    """Running, waiting, KV usage, spec acceptance and progress over the models of one engine."""
+    running = int(sum(s.running for s in stats.values()))
+    waiting = int(sum(s.waiting for s in stats.values()))
+    kv = max((s.kv_usage for s in stats.values() if s.kv_usage is not None), default=0.0)
+    acc = [a for s in stats.values() if (a := s.spec_acceptance_rate) is not None]
+    gen = [g for s in stats.values() if (g := s.generation_tokens) is not None]
+    return running, waiting, kv, (sum(acc) / len(acc) if acc else None), (sum(gen) if gen else None)
+
+
+class ScrapeListener(Protocol):
+    """Who else learns from each scrape (gateway.backends.learner.Learner: the latency model)."""
+
+    def scraped(
+        self, entry: BackendEntry, stats: Mapping[str, EngineStats], now: float
+    ) -> None: ...
+
+    def refresh(self) -> None: ...
+
+
+class Monitor:
+    def __init__(
+        self,
+        registry: Registry,
+        cfg: MonitorConfig,
+        session: aiohttp.ClientSession,
+        telemetry: Telemetry,
+        learner: ScrapeListener | None = None,
+    ) -> None:
+        self.registry, self.cfg, self.session = registry, cfg, session
+        # The registry's clock: scrapes are stamped on the clock leases and snapshots use.
+        self.telemetry, self.clock, self.learner = telemetry, registry.clock, learner
+        self._watch = {e.url: _Watch() for e in registry}
+        self._task: asyncio.Task[None] | None = None
+        self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
+        self._triton: dict[str, TritonReadiness] = {}
+        if any(e.adapter.kind == "triton" for e in registry):
+            # Imported here: tritonclient only loads where a backend is Triton.
+            from gateway.wire.triton.readiness import TritonReadiness
+
+            self._triton = {e.url: TritonReadiness(e, cfg.scrape_timeout_s)
+                            for e in registry if e.adapter.kind == "triton"}  # fmt: skip
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="load-monitor")
+
+    async def aclose(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for ready in self._triton.values():
+            await ready.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.scrape_interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # the monitor must outlive any one bad round
+                log.exception("load monitor round failed")
+
+    # -- one round -------------------------------------------------------------------------
+    def due(self, entry: BackendEntry, now: float) -> bool:
+        """Backends up every round; those down when their next probe is due."""
+        st = entry.live
+        if not st.down:
+            return True
+        return now >= max(self._watch[entry.url].next_probe,
+                          st.ejected_at + self.cfg.probe_interval_s)  # fmt: skip
+
+    def health_due(self, entry: BackendEntry, now: float) -> bool:
+        return entry.live.down or now >= self._watch[entry.url].next_probe
+
+    async def refresh(self) -> None:
+        """Scrape every backend due, record what came back, publish it."""
+        now = self.clock()
+        due = [e for e in self.registry if self.due(e, now)]
+        results = await asyncio.gather(*(self._fetch(e, self.health_due(e, now)) for e in due))
+        for entry, result in zip(due, results, strict=True):
+            self.observe(entry, result, now)
+        self.registry.tick()
+        self._publish(now)
+        if self.learner is not None:
+            self.learner.refresh()
+        # New load figures may have freed room for requests held by admission.
+        self.registry.changed.notify()
+
+    async def _fetch(
+        self, entry: BackendEntry, health: bool
+    ) -> Mapping[str, EngineStats] | ScrapeFailed:
+        auth = entry.auth
+        try:
+            if health and (triton := self._triton.get(entry.url)) is not None:
+                failed = await triton.check()
+                if failed is not None:
+                    return ScrapeFailed(f"health {failed[0]}", hard=failed[1])
+            elif health:
+                async with self.session.get(
+                    entry.health_url, headers=auth, timeout=self._timeout
+                ) as r:
+                    await r.read()
+                    if r.status != 200:
+                        return ScrapeFailed(f"health {r.status}", hard=True)
+            async with self.session.get(
+                entry.metrics_url, headers=auth, timeout=self._timeout
+            ) as r:
+                if r.status != 200:
+                    return ScrapeFailed(f"metrics {r.status}", hard=True)
+                text = await r.text()
+            return entry.adapter.parse_metrics(text)
+        except (aiohttp.ClientError, TimeoutError, MetricsParseError, UnicodeDecodeError) as e:
+            return ScrapeFailed(type(e).__name__, hard=False)
+
+    def observe(
+        self, entry: BackendEntry, result: Mapping[str, EngineStats] | ScrapeFailed, now: float
+    ) -> None:
+        """Record one scrape's result at `now`: load figures, or a failure; eject, re-admit."""
+        w, st = self._watch[entry.url], entry.live
+        probing = st.down
+        if isinstance(result, ScrapeFailed):
+            w.scrape_failures += 1
+            w.next_probe = now + self.cfg.probe_interval_s
+            if result.hard or w.scrape_failures >= self.cfg.eject_after_failures:
+                self.registry.eject(entry, f"scrape_{result.why}")
+            return
+        if probing or now >= w.next_probe:
+            w.next_probe = now + self.cfg.probe_interval_s  # health was checked, and fine
+        st.running, st.waiting, st.kv_usage, st.spec_acceptance, progress = merge(result)
+        st.scraped_at = now
+        st.inflight_at_scrape = self.registry.inflight(entry)
+        w.scrape_failures = 0
+        if self.learner is not None:
+            self.learner.scraped(entry, result, now)
+        stalled = self._stalled(entry, w, progress, now)
+        if probing:
+            if stalled:
+                w.next_probe = now + self.cfg.probe_interval_s
+            else:
+                self.registry.readmit(entry)
+        elif stalled:
+            self.registry.eject(entry, "stalled")
+
+    def _stalled(self, entry: BackendEntry, w: _Watch, progress: float | None, now: float) -> bool:
+        if progress is None:
+            return False
+        st = entry.live
+        busy = st.running + st.waiting > 0 or self.registry.local_inflight(entry) > 0
+        if progress != w.progress or not busy:
+            w.progress, w.progress_at = progress, now
+            return False
+        return now - w.progress_at >= self.cfg.stall_after_s
+
+    def _publish(self, now: float) -> None:
+        t = self.telemetry
+        for e in self.registry:
+            b, st = e.backend, e.live
+            role = b.role.value
+            t.backend_up.labels(role, b.url).set(0 if st.ejected else 1)
+            t.backend_queue.labels(role, b.url, "running").set(st.running)
+            t.backend_queue.labels(role, b.url, "waiting").set(st.waiting)
+            t.backend_kv.labels(role, b.url).set(st.kv_usage)
+            if st.spec_acceptance is not None:
+                t.backend_spec_acceptance.labels(role, b.url).set(st.spec_acceptance)
+            if st.scraped_at is not None:
+                t.backend_scrape_age.labels(role, b.url).set(now - st.scraped_at)

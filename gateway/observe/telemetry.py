@@ -1,0 +1,496 @@
+"""The gateway's Prometheus metrics (prefix `tiergate_`) and its logging setup.
+
+One `Telemetry` per app, with its own registry. Label children used on the request path are
+cached, so recording a request costs dictionary lookups, not label resolution.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+if TYPE_CHECKING:
+    from gateway.core.exchange import Exchange
+
+log = logging.getLogger("gateway.request")
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+)
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+)
+TPOT_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.0125,
+    0.015,
+    0.0175,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+)
+
+
+# SLO classes for metric labels: a request's TPOT target is counted under the first class that
+# is at least as long, so clients choosing their own targets cannot grow the label set.
+SLO_CLASSES_MS = (5, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000)
+
+
+@functools.lru_cache(maxsize=256)
+def slo_class(tpot_s: float) -> str:
+    ms = tpot_s * 1000
+    for c in SLO_CLASSES_MS:
+        if ms <= c + 1e-9:
+            return f"tpot<={c}ms"
+    return f"tpot>{SLO_CLASSES_MS[-1]}ms"
+
+
+class Telemetry:
+    """The gateway's metrics. With several workers (`tiergate serve --workers N`) each worker's
+    values live in files of prometheus_client's multiprocess mode (the supervisor sets
+    PROMETHEUS_MULTIPROC_DIR before it starts them) and /metrics reads every worker's: counters
+    and histograms summed, each gauge as its `multiprocess_mode` says (in-flight and queued
+    counts summed; the views every worker has of the same engine, the most recent)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        # Requests this process completed (in /state: which worker served how many).
+        self.served = 0
+        self.requests = Counter(
+            "tiergate_requests",
+            "Proxied requests by serving tier, backend and final status.",
+            ("tier", "backend", "model", "status"),
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tiergate_routing_decisions",
+            "Routing decisions by policy, reason and chosen tier.",
+            ("policy", "reason", "tier"),
+            registry=r,
+        )
+        self.retries = Counter(
+            "tiergate_retries",
+            "Retries: attempts started on the next candidate after an attempt failed before its"
+            " first byte, by the failed backend and why it failed.",
+            ("backend", "reason"),
+            registry=r,
+        )
+        self.attempts = Counter(
+            "tiergate_attempts",
+            "Attempts on the engines by outcome: ok (a first byte came), or why it failed"
+            " before its first byte (http_<status>, auth, ejected, a connection error...).",
+            ("backend", "outcome"),
+            registry=r,
+        )
+        self.failovers = Counter(
+            "tiergate_failovers",
+            "Requests served by a different tier than first chosen.",
+            ("from_tier", "to_tier"),
+            registry=r,
+        )
+        self.rejected = Counter(
+            "tiergate_rejected",
+            "Requests answered by the gateway itself with an error.",
+            ("reason",),
+            registry=r,
+        )
+        self.continuations = Counter(
+            "tiergate_continuations",
+            "Streams that broke after their first byte and were continued on another backend"
+            " (continued), could not be (impossible: finished, several choices, a prompt of"
+            " token ids, opted out), or found no backend to continue on (failed).",
+            ("outcome",),
+            registry=r,
+        )
+        self.hedges = Counter(
+            "tiergate_hedges",
+            "Streams whose first token was late, sent to a second backend too: won (the hedge"
+            " answered first) or lost (the slow one did).",
+            ("outcome",),
+            registry=r,
+        )
+        self.midstream_errors = Counter(
+            "tiergate_midstream_errors",
+            "Streams that failed after the first byte.",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "tiergate_inflight",
+            "Requests in flight through this gateway, by backend.",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.queued = Gauge(
+            "tiergate_queued",
+            "Requests held at the gateway because every backend is saturated.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.backend_queue = Gauge(
+            "tiergate_backend_queue_depth",
+            "Scraped engine queue depth.",
+            ("tier", "backend", "state"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_kv = Gauge(
+            "tiergate_backend_kv_usage",
+            "Scraped engine KV-cache usage (0..1).",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_up = Gauge(
+            "tiergate_backend_up",
+            "1 while the backend is healthy and not ejected.",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_scrape_age = Gauge(
+            "tiergate_backend_scrape_age_seconds",
+            "Age of the last good scrape.",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.backend_spec_acceptance = Gauge(
+            "tiergate_backend_spec_acceptance_rate",
+            "Speculative decoding draft acceptance rate (accepted / draft tokens), as scraped.",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.ejections = Counter(
+            "tiergate_backend_ejections",
+            "Times a backend was taken out of rotation.",
+            ("tier", "backend", "reason"),
+            registry=r,
+        )
+        self.state_up = Gauge(
+            "tiergate_state_store_up",
+            "1 while the shared in-flight store (Redis) is reachable.",
+            ("store",),
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.duration = Histogram(
+            "tiergate_request_duration_seconds",
+            "Request latency at the gateway, to last byte.",
+            ("tier", "model"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tiergate_ttft_seconds",
+            "Time to first token of streamed requests, at the gateway.",
+            ("tier", "model"),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "tiergate_tpot_seconds",
+            "Time per output token after the first, streamed requests.",
+            ("tier", "model"),
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        # Gray releases (gateway.pipeline.releases): each variant's outcomes and latency, live and
+        # in shadow mode, to compare a new version with the old before shifting weight to it.
+        self.release_requests = Counter(
+            "tiergate_release_requests_total",
+            "Requests of gray releases by variant; mode live (answered to the client) or "
+            "shadow (a copy, answer discarded); outcome ok, client_error (4xx) or error (5xx, "
+            "or a stream that broke).",
+            ("release", "variant", "mode", "outcome"),
+            registry=r,
+        )
+        self.release_duration = Histogram(
+            "tiergate_release_duration_seconds",
+            "Latency to last byte of gray releases' requests, by variant and mode.",
+            ("release", "variant", "mode"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.release_ttft = Histogram(
+            "tiergate_release_ttft_seconds",
+            "Time to first token of gray releases' streamed requests, by variant and mode.",
+            ("release", "variant", "mode"),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "tiergate_shadow_dropped_total",
+            "Shadow copies not sent: too many in flight (busy), or no backend had room.",
+            ("release", "variant", "reason"),
+            registry=r,
+        )
+        # Tenants (gateway.pipeline.tenants, gateway.pipeline.limits), labelled by name only, never
+        # by key.
+        self.tenant_requests = Counter(
+            "tiergate_tenant_requests_total",
+            "Requests of named API keys, by key name and status.",
+            ("tenant", "status"),
+            registry=r,
+        )
+        self.tenant_tokens = Counter(
+            "tiergate_tenant_tokens_total",
+            "Prompt + completion tokens of named API keys' answers, as the engines' usage "
+            "reports them.",
+            ("tenant",),
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "tiergate_rate_limited_total",
+            "Requests refused (429) by a key's limit: requests, tokens or concurrency.",
+            ("tenant", "limit"),
+            registry=r,
+        )
+        self.displaced = Counter(
+            "tiergate_displaced_total",
+            "Batch requests whose place, before their first byte, went to an interactive one "
+            "(they go back to the admission queue).",
+            ("tier", "backend"),
+            registry=r,
+        )
+        self.limits_degraded = Gauge(
+            "tiergate_limits_degraded",
+            "1 while Redis does not answer and rate limits are counted per gateway process.",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.output_tokens = Counter(
+            "tiergate_output_tokens",
+            "Output tokens of streamed requests (from usage if sent).",
+            ("tier", "model"),
+            registry=r,
+        )
+        self.predicted_tpot = Gauge(
+            "tiergate_backend_predicted_tpot_seconds",
+            "The latency model's predicted TPOT of a backend at a given number of streams.",
+            ("tier", "backend", "concurrency"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.frontier = Gauge(
+            "tiergate_backend_frontier",
+            "The most streams the latency model has observed on a backend: its curve rests on"
+            " observations up to here (0: none yet).",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.latency_limit = Gauge(
+            "tiergate_latency_tier_limit",
+            "The most streams at which a latency backend is predicted to meet the default TPOT"
+            " SLO: the golden range the learned policy found.",
+            ("backend",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.slo_met = Counter(
+            "tiergate_slo_met",
+            "Streamed requests that met their TTFT and TPOT SLO, by tier and SLO class (the TPOT"
+            " target, rounded up to a class).",
+            ("tier", "slo"),
+            registry=r,
+        )
+        self.slo_missed = Counter(
+            "tiergate_slo_missed",
+            "Streamed requests that missed their TTFT or TPOT SLO, by tier and SLO class.",
+            ("tier", "slo"),
+            registry=r,
+        )
+        self._children: dict[tuple[Any, ...], Any] = {}
+        # Rare outcomes exist at 0 from the start: a series born at its first event has no
+        # earlier sample, so rate() and increase() would not count that event.
+        for outcome in ("won", "lost"):
+            self.child(self.hedges, outcome)
+        for outcome in ("continued", "impossible", "failed"):
+            self.child(self.continuations, outcome)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """Cached `metric.labels(*labels)`."""
+        key = (id(metric), *labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def exposition(self) -> bytes:
+        """The /metrics page: this process's metrics, or every worker's."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        every = CollectorRegistry()
+        MultiProcessCollector(every, self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(every)
+
+    def record(self, ex: Exchange) -> None:
+        """Metrics and the log line of one proxied request, once it is over."""
+        self.served += 1
+        b, model = ex.backend, ex.model
+        tier = b.role.value if b else "none"
+        self.child(self.requests, tier, b.url if b else "none", model, str(ex.status)).inc()
+        elapsed = time.perf_counter() - ex.started
+        if b is not None:
+            self.child(self.duration, tier, model).observe(elapsed)
+            first = ex.decision.primary
+            if first is not None and b.role != first.role:
+                self.child(self.failovers, first.role.value, tier).inc()
+            if ex.midstream_error:
+                self.child(self.midstream_errors, tier, b.url).inc()
+            ttft = ex.ttft
+            if ttft is not None:
+                # Streamed: the gateway's own TTFT and TPOT (vllm bench serve's definitions).
+                self.child(self.ttft, tier, model).observe(ttft)
+                self.child(self.output_tokens, tier, model).inc(ex.output_tokens or ex.text_events)
+                tpot = ex.tpot
+                if tpot is not None:
+                    self.child(self.tpot, tier, model).observe(tpot)
+                met = (ttft <= ex.slo.ttft_s and (tpot or 0.0) <= ex.slo.tpot_s
+                       and not ex.midstream_error)  # fmt: skip
+                label = slo_class(ex.slo.tpot_s)
+                self.child(self.slo_met if met else self.slo_missed, tier, label).inc()
+        if ex.variant is not None:
+            self.record_variant(ex, elapsed)
+        if ex.limited and ex.tenant is not None:  # a named key (gateway.pipeline.limits)
+            self.child(self.tenant_requests, ex.tenant.name, str(ex.status)).inc()
+            if ex.usage_tokens:
+                self.child(self.tenant_tokens, ex.tenant.name).inc(ex.usage_tokens)
+        if log.isEnabledFor(logging.INFO):
+            d = ex.decision
+            log.info("request", extra={"fields": {
+                "request_id": ex.id, "model": model, "policy": d.policy, "reason": d.reason,
+                "tier": tier, "backend": b.url if b else None, "status": ex.status,
+                "attempts": ex.attempts, "ms": round(elapsed * 1000, 2)}})  # fmt: skip
+
+    def declare_variants(self, variants: Iterable[tuple[str, str]]) -> None:
+        """Gray releases' request series at 0 for every (release, variant), mode and outcome:
+        a series born at its first event has no earlier sample, so rate() would miss that
+        event, and an error ratio would have no series to show until the first error."""
+        for release, variant in variants:
+            for mode in ("live", "shadow"):
+                for outcome in ("ok", "client_error", "error"):
+                    self.child(self.release_requests, release, variant, mode, outcome)
+
+    def declare_tenants(self, limited: Iterable[tuple[str, Iterable[str]]]) -> None:
+        """Each limited tenant's refusal series at 0, by the limits it has (as for variants)."""
+        for tenant, limits in limited:
+            for limit in limits:
+                self.child(self.rate_limited, tenant, limit)
+
+    def record_variant(self, ex: Exchange, elapsed: float) -> None:
+        """A gray release's request (live or shadow), once it is over."""
+        v = ex.variant
+        assert v is not None
+        mode = "shadow" if ex.shadow else "live"
+        if ex.midstream_error or ex.status >= 500 or ex.status == 0:
+            outcome = "error"
+        else:
+            outcome = "client_error" if ex.status >= 400 else "ok"
+        self.child(self.release_requests, v.release, v.name, mode, outcome).inc()
+        if ex.backend is not None:
+            self.child(self.release_duration, v.release, v.name, mode).observe(elapsed)
+            if ex.ttft is not None:
+                self.child(self.release_ttft, v.release, v.name, mode).observe(ex.ttft)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        fields = getattr(record, "fields", None)
+        if fields:
+            base += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return base
+
+
+def setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if as_json
+        else KeyValueFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

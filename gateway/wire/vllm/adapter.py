@@ -1,0 +1,122 @@
+"""vLLM's OpenAI-compatible server: bodies go upstream unchanged (vLLM's extra fields
+included) and replies come back unchanged, JSON in one piece and SSE chunk by chunk as the
+engine flushes it, never re-serialised. The relay only peeks at the bytes for telemetry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from gateway.core.errors import error_json, sse_error
+from gateway.core.exchange import body_of
+from gateway.wire import BackendOptions, Incompatible
+from gateway.wire.metrics import EngineStats, parse_vllm_metrics
+
+if TYPE_CHECKING:
+    from gateway.core.exchange import Exchange
+
+__all__ = ["ADAPTER", "VllmAdapter", "VllmRelay", "completion_tokens", "has_text"]
+
+DONE = b"data: [DONE]\n\n"
+_ERROR_EVENT = b'data: {"error"'
+_TEXT_KEYS = (b'"text":"', b'"content":"')
+_USAGE_KEY = b'"completion_tokens":'
+
+
+def has_text(chunk: bytes) -> bool:
+    """Whether an SSE chunk carries generated text (completions `text` or chat `content`)."""
+    for key in _TEXT_KEYS:
+        i = chunk.find(key)
+        while i != -1:
+            if chunk[i + len(key) : i + len(key) + 1] != b'"':
+                return True
+            i = chunk.find(key, i + 1)
+    return False
+
+
+def completion_tokens(chunk: bytes) -> int | None:
+    """The last `completion_tokens` of a usage object in `chunk`."""
+    i = chunk.rfind(_USAGE_KEY)
+    if i == -1:
+        return None
+    j = end = i + len(_USAGE_KEY)
+    while end < len(chunk) and chunk[end : end + 1] in b" 0123456789":
+        end += 1
+    try:
+        return int(chunk[j:end])
+    except ValueError:
+        return None
+
+
+class VllmRelay:
+    __slots__ = ("completion_tokens", "engine_error", "text_events")
+
+    def __init__(self) -> None:
+        self.text_events = 0
+        self.completion_tokens: int | None = None
+        self.engine_error = False
+
+    def feed(self, chunk: bytes) -> tuple[bytes, bool]:
+        text = has_text(chunk)
+        if text:
+            self.text_events += chunk.count(b"data: ")
+        if _ERROR_EVENT in chunk:
+            # vLLM's own mid-stream error event, relayed as is; it can share a read with text.
+            self.engine_error = True
+        if b'"usage"' in chunk and (n := completion_tokens(chunk)) is not None:
+            self.completion_tokens = n
+        return chunk, text
+
+    def close(self) -> bytes:
+        return b""  # vLLM ends its streams itself, [DONE] included
+
+    def fail(self, message: str, status: int = 502) -> bytes:
+        return sse_error(message, status) + DONE
+
+
+class VllmAdapter:
+    kind = "vllm"
+    label = "vLLM"
+    health_path = "/health"
+    restricts = False
+    ambiguous: frozenset[int] = frozenset()  # vLLM answers the client's mistakes with 4xx
+
+    def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:
+        return parse_vllm_metrics(text)
+
+    def incompatibility(self, ex: Exchange) -> Incompatible | None:
+        return None
+
+    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
+        if backend.priority_scheduling and ex.priority and "priority" not in ex.data:
+            body = ex.prepared.get("vllm_priority")
+            if not isinstance(body, bytes):
+                body = ex.prepared["vllm_priority"] = body_of({**ex.data, "priority": ex.priority})
+            return ex.endpoint.path, body
+        return ex.endpoint.path, ex.body
+
+    def reply(
+        self, ex: Exchange, status: int, body: bytes, content_type: bytes
+    ) -> tuple[int, bytes, bytes]:
+        return status, body, content_type
+
+    def refused(self, status: int, body: bytes) -> bytes:
+        return body
+
+    def early_error(self, first: bytes) -> tuple[int, bytes] | None:
+        if not first.startswith(_ERROR_EVENT):
+            return None
+        end = first.find(b"\n\n")
+        payload = first[len(b"data: ") : end if end != -1 else None]
+        try:
+            code = int(json.loads(payload)["error"].get("code") or 500)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return 500, error_json(500, "The engine failed before answering.")
+        return code, payload
+
+    def relay(self, ex: Exchange) -> VllmRelay:
+        return VllmRelay()
+
+
+ADAPTER = VllmAdapter()
