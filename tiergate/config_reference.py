@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from gateway.config.settings import Settings
+from gateway.wire.kinds import BUILTIN
 
 __all__ = ["render"]
 
@@ -132,8 +133,9 @@ def render() -> str:
         "# Configuration reference",
         "",
         "Generated from the settings models (`gateway/config/settings.py`, the policy's "
-        "parameters in `gateway/routing/params.py`) by `python -m tiergate.config_reference`; a test fails "
-        "while this file and the models differ. Every field can be set in the YAML file "
+        "parameters in `gateway/routing/params.py`, each engine kind's options in "
+        "`gateway/wire/<kind>/options.py`) by `python -m tiergate.config_reference`; a test "
+        "fails while this file and the models differ. Every field can be set in the YAML file "
         "(`--config`) or as an environment variable `TIERGATE_<FIELD>`, nested with `__` "
         "(`TIERGATE_POLICY__NAME=least-loaded`). [configuration.md](configuration.md) explains "
         "how the parts fit together; [examples/tiers.yaml](../examples/tiers.yaml) is a "
@@ -150,6 +152,10 @@ def render() -> str:
         lines, nested = _section(path, model)
         out += [*lines, ""]
         todo += nested
+    for kind in BUILTIN.values():
+        # A backend's kind takes its own options beside the common fields, flat.
+        lines, _ = _section(f"tiers[].backends[]` of kind `{kind.name}", kind.options)
+        out += [*lines, ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

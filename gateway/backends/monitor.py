@@ -7,10 +7,10 @@ adapter's parser) and, every `probe_interval_s`, its health endpoint. A backend 
 non-200, and when it has work but its generated-token counter has not moved for `stall_after_s`
 (an engine that still answers /health and /metrics but produces nothing). Backends down are
 probed every `probe_interval_s` and come back after one good probe that shows no stall.
-Backends ejected for their requests' outcomes (gateway.backends.outlier) are still scraped, and come
-back through probation, not a probe: each round moves those whose ejection ran out. A Triton
-backend's health is its readiness and its models' through tritonclient
-(gateway.wire.triton.readiness).
+Backends ejected for their requests' outcomes (gateway.backends.outlier) are still scraped, and
+come back through probation, not a probe: each round moves those whose ejection ran out. A
+backend whose kind has a readiness check of its own is probed by it (Triton's: the server and
+its models, through tritonclient) instead of a GET of the adapter's health path.
 
 The I/O (`_fetch`) and the bookkeeping (`observe`, a pure function of the result and the time)
 are apart, so the rules are tested on a virtual clock.
@@ -22,17 +22,15 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import aiohttp
 
 from gateway.backends.registry import BackendEntry, Registry
 from gateway.config.settings import MonitorConfig
 from gateway.observe.telemetry import Telemetry
+from gateway.wire import Readiness
 from gateway.wire.metrics import EngineStats, MetricsParseError
-
-if TYPE_CHECKING:
-    from gateway.wire.triton.readiness import TritonReadiness
 
 __all__ = ["Monitor", "ScrapeFailed", "merge"]
 
@@ -94,13 +92,12 @@ class Monitor:
         self._watch = {e.url: _Watch() for e in registry}
         self._task: asyncio.Task[None] | None = None
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
-        self._triton: dict[str, TritonReadiness] = {}
-        if any(e.adapter.kind == "triton" for e in registry):
-            # Imported here: tritonclient only loads where a backend is Triton.
-            from gateway.wire.triton.readiness import TritonReadiness
-
-            self._triton = {e.url: TritonReadiness(e, cfg.scrape_timeout_s)
-                            for e in registry if e.adapter.kind == "triton"}  # fmt: skip
+        # Kinds with a readiness check of their own (Triton's, through tritonclient).
+        self._ready: dict[str, Readiness] = {}
+        for e in registry:
+            ready = e.kind.readiness(e, e.own_transport, cfg.scrape_timeout_s)
+            if ready is not None:
+                self._ready[e.url] = ready
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,7 +108,7 @@ class Monitor:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for ready in self._triton.values():
+        for ready in self._ready.values():
             await ready.aclose()
 
     async def _run(self) -> None:
@@ -153,8 +150,8 @@ class Monitor:
     ) -> Mapping[str, EngineStats] | ScrapeFailed:
         auth = entry.auth
         try:
-            if health and (triton := self._triton.get(entry.url)) is not None:
-                failed = await triton.check()
+            if health and (ready := self._ready.get(entry.url)) is not None:
+                failed = await ready.check()
                 if failed is not None:
                     return ScrapeFailed(f"health {failed[0]}", hard=failed[1])
             elif health:

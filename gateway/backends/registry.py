@@ -17,19 +17,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.backends.outlier import Mode, OutlierState, Verdict
 from gateway.backends.state import InflightStore
-from gateway.config.settings import BackendConfig, Settings
+from gateway.config.settings import BackendConfig, Settings, kind_options
 from gateway.core.transport import Transport, UpstreamResponse
 from gateway.observe.telemetry import Telemetry
 from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
 from gateway.routing.curves import Prediction
-from gateway.wire import WireAdapter, adapter
-
-if TYPE_CHECKING:
-    from gateway.wire.triton.grpc_transport import TritonGrpc
+from gateway.wire import EngineKind, OwnTransport, WireAdapter
+from gateway.wire.kinds import BUILTIN
 
 __all__ = ["BackendEntry", "ChangeSignal", "Lease", "LiveStatus", "Registry"]
 
@@ -71,7 +69,8 @@ _NO_TRANSPORT = _NoTransport()
 class BackendEntry:
     backend: Backend
     config: BackendConfig
-    adapter: WireAdapter
+    kind: EngineKind
+    options: Any  # the backend's options, an instance of its kind's model
     inflight_gauge: Any  # tiergate_inflight{tier,backend}
     # The hard cap a lease checks as it takes its slot: a latency backend's when several
     # workers share the counts (another may take the last slot between a decision and its
@@ -92,10 +91,18 @@ class BackendEntry:
     # TPOT SLOs of the leases here, with counts (routing's harm check reads the tuple).
     slo_counts: dict[float, int] = field(default_factory=dict)
     slos: tuple[tuple[float, int], ...] = ()
-    # How requests reach it: Triton's gRPC stream (gateway.wire.triton.grpc_transport) where
-    # configured, else the gateway's HTTP pool, which gateway.pipeline.upstream sets.
+    # How requests reach it: its kind's own transport where it brings one (Triton's gRPC
+    # stream), else the gateway's HTTP pool, which gateway.pipeline.upstream sets.
     transport: Transport = _NO_TRANSPORT
-    grpc: TritonGrpc | None = None
+    own_transport: OwnTransport | None = None
+
+    @functools.cached_property
+    def adapter(self) -> WireAdapter:
+        return self.kind.adapter
+
+    @property
+    def models(self) -> list[str]:
+        return self.config.models
 
     @property
     def url(self) -> str:
@@ -298,7 +305,10 @@ class Registry:
         store: InflightStore,
         telemetry: Telemetry,
         clock: Callable[[], float] = time.monotonic,
+        kinds: Mapping[str, EngineKind] = BUILTIN,
     ) -> None:
+        """`kinds`: the engine kinds backends' `kind` names (checked by the configuration:
+        gateway.config.settings.kind_problems)."""
         self.store, self.telemetry, self.clock = store, telemetry, clock
         self.outlier_cfg = settings.outlier
         # A scrape older than three intervals is old news: routing then trusts only the
@@ -310,13 +320,12 @@ class Registry:
             for cfg in tier.backends:
                 b = Backend(cfg.url, tier.name, Role(tier.role), frozenset(cfg.models))
                 gauge = telemetry.inflight.labels(b.role.value, b.url)
-                entry = self.entries[b.url] = BackendEntry(b, cfg, adapter(cfg.kind), gauge)
-                if cfg.triton_grpc is not None:
-                    # Imported here: grpc and tritonclient only load where a backend uses them.
-                    from gateway.wire.triton.grpc_transport import TritonGrpc
-
-                    entry.grpc = TritonGrpc(cfg.triton_grpc, settings.request_timeout_s)
-                    entry.transport = entry.grpc
+                kind = kinds[cfg.kind]
+                options = kind_options(cfg, kind)
+                entry = self.entries[b.url] = BackendEntry(b, cfg, kind, options, gauge)
+                own = kind.transport(entry, settings.request_timeout_s)
+                if own is not None:
+                    entry.own_transport = entry.transport = own
                 if b.role is Role.LATENCY:
                     self.entries[b.url].cap = cap
         # The in-flight counts of the last snapshot routing got: a lease enforces a backend's
@@ -334,11 +343,11 @@ class Registry:
                 serving.setdefault((m, b.role), set()).add(b.url)
         self._serving = {k: frozenset(v) for k, v in serving.items()}
         # Kinds that cannot take every request, with their backends: asked per request.
-        kinds: dict[str, tuple[WireAdapter, set[str]]] = {}
+        restricting: dict[str, tuple[WireAdapter, set[str]]] = {}
         for e in self.entries.values():
             if e.adapter.restricts:
-                kinds.setdefault(e.adapter.kind, (e.adapter, set()))[1].add(e.url)
-        self.restricted = tuple((a, frozenset(urls)) for a, urls in kinds.values())
+                restricting.setdefault(e.adapter.kind, (e.adapter, set()))[1].add(e.url)
+        self.restricted = tuple((a, frozenset(urls)) for a, urls in restricting.values())
         self.changed = ChangeSignal()
         # The latency model's predictions per url, replaced whole by the learner when it learns.
         self.curves: Mapping[str, Prediction] = MappingProxyType({})

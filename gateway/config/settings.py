@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
@@ -34,8 +34,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from gateway import wire
 from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams, Slo
+from gateway.wire import EngineKind
+from gateway.wire.kinds import BUILTIN
 
 __all__ = [
     "BackendConfig",
@@ -53,6 +54,8 @@ __all__ = [
     "TenantConfig",
     "TierConfig",
     "VariantConfig",
+    "kind_options",
+    "kind_problems",
     "load_settings",
     "read_tenants",
     "release_problems",
@@ -64,6 +67,7 @@ CONFIG_ENV_VAR = f"{ENV_PREFIX}CONFIG"
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 NonEmptyStr = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+KindName = Annotated[str, StringConstraints(strip_whitespace=True, pattern=r"^[a-z][a-z0-9_-]*$")]
 # Tier names end up as Prometheus label values and in response headers: keep them plain.
 TierName = Annotated[
     str, StringConstraints(strip_whitespace=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -96,22 +100,15 @@ class BackendConfig(_Model):
     api_key: SecretStr | None = None
     # The model names it serves (vLLM's --served-model-name).
     models: list[NonEmptyStr] = Field(min_length=1)
-    # The engine's protocol: the name of a wire adapter (gateway/wire/: vllm, triton).
-    kind: str = "vllm"
+    # The engine's protocol: the name of an engine kind (gateway/wire/<kind>/: vllm, triton).
+    # Its own options sit beside these fields (see the kinds' sections below).
+    kind: KindName = "vllm"
     # Where the monitor reads load; default <url>/metrics. Triton serves metrics on a port of
     # their own (8002 by default), e.g. http://host:8002/metrics.
     metrics_url: str | None = None
-    # Triton only: the model repository's name for a model clients ask for (Triton names cannot
-    # contain "/"); a model not listed is asked for under its own name.
-    triton_models: dict[NonEmptyStr, NonEmptyStr] = {}
-    # vLLM run with `--scheduling-policy priority`: requests carry vLLM's `priority` field from
-    # their tenant's priority (interactive -1, standard 0, batch 1: lower runs first). Leave it
-    # off otherwise: vLLM refuses a nonzero priority without priority scheduling.
-    priority_scheduling: bool = False
-    # Triton only: host:port of Triton's gRPC endpoint (8001 by default). Set, requests go
-    # through its stream (ModelStreamInfer) instead of the generate API; `url` still names the
-    # backend, and health and metadata are read over gRPC too.
-    triton_grpc: str | None = None
+
+    # Extras are the kind's options, checked against the kind by `kind_problems`.
+    model_config = ConfigDict(frozen=True, extra="allow")
 
     @field_validator("url", "metrics_url")
     @classmethod
@@ -137,48 +134,10 @@ class BackendConfig(_Model):
             raise ValueError("must be a base URL without query or fragment")
         return value.rstrip("/")
 
-    @field_validator("triton_grpc")
-    @classmethod
-    def _check_triton_grpc(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        value = value.strip()
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or "/" in value:
-            raise ValueError("must be host:port (Triton's gRPC endpoint, e.g. triton:8001)")
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError("port must be a number between 1 and 65535")
-        return value
-
-    @field_validator("kind")
-    @classmethod
-    def _check_kind(cls, value: str) -> str:
-        known = wire.kinds()
-        if value not in known:
-            raise ValueError(f"unknown engine kind {value!r}; choose from {', '.join(known)}")
-        return value
-
-    @model_validator(mode="after")
-    def _check_triton_models(self) -> Self:
-        if self.priority_scheduling and self.kind != "vllm":
-            raise _FieldError("priority_scheduling", "only applies to backends of kind vllm")
-        if self.kind != "triton":
-            for name in ("triton_models", "triton_grpc"):
-                if getattr(self, name):
-                    raise _FieldError(name, "only applies to backends of kind triton")
-            return self
-        unknown = sorted(set(self.triton_models) - set(self.models))
-        if unknown:
-            raise _FieldError("triton_models", f"names models not in models: {unknown}")
-        for model in self.models:
-            name = self.triton_models.get(model, model)
-            if "/" in name:
-                raise _FieldError(
-                    "triton_models",
-                    f"Triton model names cannot contain '/': map {model!r} to the name in the"
-                    " model repository",
-                )
-        return self
+    @property
+    def kind_options(self) -> dict[str, Any]:
+        """The options given for its kind (validated by the kind's model: `kind_problems`)."""
+        return dict(self.model_extra or {})
 
     @property
     def scrape_url(self) -> str:
@@ -634,6 +593,39 @@ def validation_problems(exc: ValidationError) -> list[str]:
     return problems
 
 
+def kind_options(backend: BackendConfig, kind: EngineKind) -> BaseModel:
+    """The backend's options as its kind's model; raises ValidationError."""
+    return kind.options.model_validate(backend.kind_options, context={"models": backend.models})
+
+
+def kind_problems(tiers: Sequence[TierConfig], kinds: Mapping[str, EngineKind]) -> list[str]:
+    """Each backend's kind, known in `kinds`, and its options, valid for that kind."""
+    problems = []
+    for i, tier in enumerate(tiers):
+        for j, backend in enumerate(tier.backends):
+            where = f"tiers.{i}.backends.{j}"
+            kind = kinds.get(backend.kind)
+            if kind is None:
+                choices = ", ".join(sorted(kinds))
+                problems.append(f"{where}.kind: unknown engine kind {backend.kind!r}; "
+                                f"choose from {choices}")  # fmt: skip
+                continue
+            foreign = []
+            for key in backend.kind_options:
+                owners = [k.name for k in kinds.values() if key in k.options.model_fields]
+                if owners and key not in kind.options.model_fields:
+                    foreign.append(key)
+                    kinds_of = " or ".join(sorted(owners))
+                    problems.append(f"{where}.{key}: only applies to backends of kind {kinds_of}")
+            if foreign:
+                continue
+            try:
+                kind_options(backend, kind)
+            except ValidationError as exc:
+                problems += [f"{where}.{p}" for p in validation_problems(exc)]
+    return problems
+
+
 def _check_serving(settings: Settings) -> list[str]:
     """Rules that only apply to a gateway about to serve; ``Settings()`` alone may lack tiers."""
     if not settings.tiers:
@@ -687,11 +679,17 @@ def release_problems(releases: Sequence[ReleaseConfig], served: frozenset[str]) 
     return problems
 
 
-def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
+def load_settings(
+    config_path: Path | None = None,
+    *,
+    kinds: Mapping[str, EngineKind] = BUILTIN,
+    **overrides: Any,
+) -> Settings:
     """Build the gateway's settings.
 
     Precedence, highest first: ``overrides``, ``TIERGATE_*`` environment variables, the YAML file
-    (``config_path``, else ``TIERGATE_CONFIG``), defaults. Raises ``ConfigError`` on any problem.
+    (``config_path``, else ``TIERGATE_CONFIG``), defaults. Backends' kinds are checked against
+    `kinds`. Raises ``ConfigError`` on any problem.
     """
     if config_path is not None:
         overrides["config"] = Path(config_path)
@@ -724,7 +722,7 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
         except ConfigError as exc:
             raise fail(list(exc.problems)) from None
         settings = settings.model_copy(update={"tenants": [*settings.tenants, *more]})
-    problems = _check_serving(settings)
+    problems = _check_serving(settings) or kind_problems(settings.tiers, kinds)
     if problems:
         raise fail(problems)
     return settings

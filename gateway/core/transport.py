@@ -1,8 +1,8 @@
 """What pipeline.upstream needs of a way to reach an engine: `post` a request, read the answer.
 
-gateway.core.http1 is the transport of every backend but Triton's gRPC ones
-(gateway.wire.triton.grpc_transport),
-whose answers read as the same bytes, so one relay serves both.
+gateway.core.http1 is the transport of every backend but those whose kind brings its own
+(Triton's gRPC stream, gateway.wire.triton.grpc_transport), whose answers read as the same bytes,
+so one relay serves both.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class Upstream:
         # Who learns from hedges (the latency model).
         self.learner = learner
         for entry in registry:
-            if entry.grpc is None:
+            if entry.own_transport is None:
                 entry.transport = pool
         self.retry = RetryExecutor(settings.retry, self)
         self.continuation = settings.continuation
@@ -114,10 +114,10 @@ class Upstream:
         return True
 
     async def aclose(self) -> None:
-        """Close the gRPC clients (the HTTP pool is its owner's to close)."""
+        """Close the kinds' own transports (the HTTP pool is its owner's to close)."""
         for entry in self.registry:
-            if entry.grpc is not None:
-                await entry.grpc.aclose()
+            if entry.own_transport is not None:
+                await entry.own_transport.aclose()
 
     # -- RetryHooks ------------------------------------------------------------------------
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None:
@@ -159,7 +159,7 @@ class Upstream:
             if ex.priority is not None and ex.tenant is not None:  # priorities on
                 primary.rank = ex.tenant.rank
             ex.joined_at_load = entry.busy  # this attempt included
-            lease, resp, first = await self._open(ex, primary, wire.request(ex, entry.config))
+            lease, resp, first = await self._open(ex, primary, wire.request(ex, entry.options))
             if lease is not primary:  # a hedge answered first: it serves the request
                 backend, entry, wire = lease.entry.backend, lease.entry, lease.entry.adapter
             try:
@@ -355,7 +355,7 @@ class Upstream:
         entry = self.registry.entry(backend.url)
         lease = self.registry.lease(entry, ex.slo.tpot_s).__enter__()
         try:
-            return await self._open(ex, lease, entry.adapter.request(ex, entry.config), False)
+            return await self._open(ex, lease, entry.adapter.request(ex, entry.options), False)
         except BaseException:
             lease.__exit__(None, None, None)
             raise

@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import Depends, FastAPI, Request
@@ -38,7 +39,6 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
-from gateway.backends.state import InflightStore
 from gateway.config.settings import Settings
 from gateway.core import api
 from gateway.core.errors import GatewayError, error_body, first_problem
@@ -47,11 +47,11 @@ from gateway.pipeline.drain import Drain
 from gateway.pipeline.intake import ClientGone, Receive
 from gateway.pipeline.tenants import ANONYMOUS
 from gateway.serve import admin
-from gateway.serve.assembly import Gateway, open_gateway, store_kind
+from gateway.serve.assembly import Gateway, Hosting, open_gateway, store_kind
 from gateway.serve.server import CLIENT_GONE
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
+    pass
 
 
 __all__ = ["CHAT", "COMPLETIONS", "GatewayApp", "Proxy", "create_app"]
@@ -247,18 +247,14 @@ def _gateway(request: Request) -> Gateway:
     return gw
 
 
-def create_app(
-    settings: Settings,
-    store: InflightStore | None = None,
-    tracer_provider: TracerProvider | None = None,
-    publish: Callable[[bytes], None] | None = None,
-) -> GatewayApp:
-    """The app; `store`, `tracer_provider` and `publish`: as for `open_gateway`."""
+def create_app(settings: Settings, hosting: Hosting | None = None) -> GatewayApp:
+    """The app; `hosting`: as for `open_gateway` (its drain is the app's own)."""
     drain = Drain()
+    hosting = replace(hosting or Hosting(), drain=drain)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        async with open_gateway(settings, drain, store, tracer_provider, publish) as gw:
+        async with open_gateway(settings, hosting) as gw:
             outer.gateway = gw
             try:
                 yield {"gateway": gw}

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
@@ -28,7 +28,7 @@ from gateway.backends.state import (
     SharedInflightStore,
     make_store,
 )
-from gateway.config.settings import Settings
+from gateway.config.settings import ConfigError, Settings, kind_problems
 from gateway.core.errors import GatewayError
 from gateway.core.exchange import Exchange
 from gateway.core.http1 import Http1Pool
@@ -43,13 +43,15 @@ from gateway.pipeline.router import Router
 from gateway.pipeline.shadow import Shadow
 from gateway.pipeline.upstream import Upstream
 from gateway.serve.admin import Control
+from gateway.wire import EngineKind
+from gateway.wire.kinds import BUILTIN
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from gateway.pipeline.tracing import Tracing
 
-__all__ = ["Core", "Gateway", "core", "open_gateway", "store_kind"]
+__all__ = ["Core", "Gateway", "Hosting", "core", "open_gateway", "store_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +105,38 @@ class Gateway:
         await ex.answer(e.status, headers, e.body())
 
 
+@dataclass(frozen=True)
+class Hosting:
+    """What the host hands a gateway besides its settings (each optional)."""
+
+    # The shutdown state its runner shares (a new one if none).
+    drain: Drain | None = None
+    # The in-flight counts (`make_store(settings.redis_url)` if none; a worker of several
+    # passes its view of the table the workers share).
+    store: InflightStore | None = None
+    # Where spans go (the caller's to shut down), else the one the OTEL_* environment asks
+    # for, if any.
+    tracer_provider: TracerProvider | None = None
+    # How a worker of several hands admin changes to the others.
+    publish: Callable[[bytes], None] | None = None
+    # The engine kinds backends may name.
+    kinds: Mapping[str, EngineKind] = field(default_factory=lambda: BUILTIN)
+
+
 @asynccontextmanager
 async def open_gateway(
-    settings: Settings,
-    drain: Drain | None = None,
-    store: InflightStore | None = None,
-    tracer_provider: TracerProvider | None = None,
-    publish: Callable[[bytes], None] | None = None,
+    settings: Settings, hosting: Hosting | None = None
 ) -> AsyncIterator[Gateway]:
     """Build the gateway, start its background work (state sync, load monitor), and take it
-    all down again on exit. `drain`: the shutdown state its runner shares (a new one if none);
-    `store`: the in-flight counts (`make_store(settings.redis_url)` if none; a worker of
-    several passes its view of the table the workers share); `tracer_provider`: where spans
-    go (the caller's to shut down), else the one the OTEL_* environment asks for, if any;
-    `publish`: how a worker of several hands admin changes to the others."""
+    all down again on exit. Raises ConfigError where a backend's kind or options do not fit
+    `hosting.kinds`."""
+    hosting = hosting or Hosting()
+    problems = kind_problems(settings.tiers, hosting.kinds)
+    if problems:
+        raise ConfigError("invalid configuration:\n" + "\n".join(f"  {p}" for p in problems),
+                          problems=problems)  # fmt: skip
+    drain, store, tracer_provider = hosting.drain, hosting.store, hosting.tracer_provider
+    publish = hosting.publish
     async with AsyncExitStack() as stack:
         telemetry = Telemetry()
         tracing: Tracing | None = None
@@ -147,7 +167,7 @@ async def open_gateway(
         stack.push_async_callback(pool.aclose)
         await store.start()
         stack.push_async_callback(store.aclose)
-        registry = Registry(settings, store, telemetry)
+        registry = Registry(settings, store, telemetry, kinds=hosting.kinds)
         parts = core(settings, registry, session)
         learner, monitor, router = parts.learner, parts.monitor, parts.router
         if tracer_provider is not None:

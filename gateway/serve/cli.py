@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -97,7 +97,7 @@ def serve(
     from gateway.config.settings import ConfigError, load_settings
     from gateway.observe.telemetry import setup_logging
 
-    overrides = {
+    overrides: dict[str, Any] = {
         k: v
         for k, v in {"host": host, "port": port, "log_level": log_level, "workers": workers}.items()
         if v is not None

@@ -295,6 +295,7 @@ def _work(settings: Settings, spec: WorkerSpec, conn: Connection) -> None:
     from gateway.backends.state import make_store
     from gateway.observe.telemetry import setup_logging
     from gateway.serve.app import create_app
+    from gateway.serve.assembly import Hosting
     from gateway.serve.server import build_server, run_server
 
     for sig in (*_SIGNALS, signal.SIGHUP):  # its parent passes them on (module docstring)
@@ -302,7 +303,8 @@ def _work(settings: Settings, spec: WorkerSpec, conn: Connection) -> None:
     setup_logging(settings.log_level, settings.log_json)
     shared = None if spec.table is None else (spec.table, spec.slot)
     # Its admin changes go to the other workers too.
-    app = create_app(settings, make_store(settings.redis_url, shared), None, conn.send_bytes)
+    hosting = Hosting(store=make_store(settings.redis_url, shared), publish=conn.send_bytes)
+    app = create_app(settings, hosting)
     server = build_server(settings, app)
     sockets = bind(settings.host, spec.port)
 

@@ -1,25 +1,37 @@
-"""Wire adapters: the engine's protocol behind one small interface, chosen per backend by its
+"""Engine kinds: each engine's protocol behind one small interface, chosen per backend by its
 `kind`.
 
-A kind is a module of this package that defines `ADAPTER`: `vllm` (OpenAI API, passed through
-unchanged) and `triton` (Triton's generate API, translated both ways). Adding an engine kind
-(SGLang, TGI, llama.cpp's server) is adding one module here; the configuration accepts its name
-as a backend's `kind` from then on.
+A kind is one folder under this package whose `KIND` is an `EngineKind`: its wire adapter
+(requests, answers, streams and metrics translated to and from the OpenAI API), the options its
+backends take, and, where it has them, a transport of its own and a readiness check. `vllm`
+passes the OpenAI API through unchanged; `triton` translates Triton's generate API both ways
+(and may speak its gRPC stream). `gateway.wire.kinds.BUILTIN` names the kinds the gateway ships;
+the assembly takes the kinds it serves as an argument, so a new kind (SGLang, TGI, llama.cpp's
+server) is a folder and a name in that table, and no other module changes.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from pydantic import BaseModel
+
+from gateway.core.transport import Transport
 from gateway.wire.metrics import EngineStats
 
 if TYPE_CHECKING:
     from gateway.core.exchange import Exchange
 
-__all__ = ["BackendOptions", "Incompatible", "StreamRelay", "WireAdapter", "adapter", "kinds"]
+__all__ = [
+    "EngineKind",
+    "Incompatible",
+    "KindBackend",
+    "OwnTransport",
+    "Readiness",
+    "StreamRelay",
+    "WireAdapter",
+]
 
 
 class Incompatible(NamedTuple):
@@ -29,23 +41,18 @@ class Incompatible(NamedTuple):
     message: str
 
 
-class BackendOptions(Protocol):
-    """What an adapter reads of its backend's configuration (config.settings.BackendConfig)."""
-
-    @property
-    def priority_scheduling(self) -> bool: ...
-
-    @property
-    def triton_models(self) -> Mapping[str, str]: ...
-
-
 class StreamRelay(Protocol):
     """One attempt's stream: the engine's bytes in, the client's bytes out, with the counts
     telemetry needs."""
 
-    text_events: int  # events that carried generated text
-    completion_tokens: int | None  # from usage, when the stream reported it
-    engine_error: bool  # the engine sent an error event of its own
+    @property
+    def text_events(self) -> int: ...  # events that carried generated text
+
+    @property
+    def completion_tokens(self) -> int | None: ...  # from usage, when the stream reported it
+
+    @property
+    def engine_error(self) -> bool: ...  # the engine sent an error event of its own
 
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
         """Bytes for the client from `chunk`, and whether `chunk` carried generated text."""
@@ -77,8 +84,9 @@ class WireAdapter(Protocol):
         """None when this kind of backend can serve `ex`."""
         ...
 
-    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
-        """The path (after the backend's base URL) and body of the upstream request."""
+    def request(self, ex: Exchange, options: Any) -> tuple[str, bytes]:
+        """The path (after the backend's base URL) and body of the upstream request to a
+        backend with `options` (an instance of its kind's `options` model)."""
         ...
 
     def reply(
@@ -101,15 +109,62 @@ class WireAdapter(Protocol):
     def relay(self, ex: Exchange) -> StreamRelay: ...
 
 
-def kinds() -> tuple[str, ...]:
-    """The engine kinds this installation has an adapter for."""
-    names = (m.name for m in pkgutil.iter_modules(__path__))
-    return tuple(sorted(n for n in names if not n.startswith("_")))
+class KindBackend(Protocol):
+    """What a kind's transport and readiness check read of their backend."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def auth(self) -> Mapping[str, str]: ...
+
+    @property
+    def models(self) -> Sequence[str]: ...
+
+    @property
+    def options(self) -> Any: ...  # an instance of the kind's `options` model
 
 
-def adapter(kind: str) -> WireAdapter:
-    """The adapter of `kind` (a module of this package)."""
-    if kind not in kinds():
-        raise ValueError(f"no wire adapter for engine kind {kind!r}; known: {', '.join(kinds())}")
-    found: WireAdapter = importlib.import_module(f"{__name__}.{kind}").ADAPTER
-    return found
+class OwnTransport(Transport, Protocol):
+    """A kind's own way to reach its engine (instead of the gateway's HTTP/1.1 pool), closed
+    with the gateway."""
+
+    async def aclose(self) -> None: ...
+
+
+class Readiness(Protocol):
+    """A kind's own health probe, in place of a GET of the adapter's `health_path`."""
+
+    async def check(self) -> tuple[str, bool] | None:
+        """None when ready; otherwise why not and whether that is the engine's answer (a hard
+        failure) rather than no answer."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineKind(Protocol):
+    """One engine kind: everything the gateway knows of that engine, behind one name."""
+
+    @property
+    def name(self) -> str: ...  # a backend's `kind` in the configuration
+
+    @property
+    def adapter(self) -> WireAdapter: ...
+
+    # The options its backends take, beside the common ones (url, models, ...), flat in the
+    # backend's configuration. Validated with the context {"models": the backend's models};
+    # a model that forbids extras turns a typo into a configuration error.
+    @property
+    def options(self) -> type[BaseModel]: ...
+
+    def transport(self, backend: KindBackend, timeout_s: float) -> OwnTransport | None:
+        """The backend's own transport, or None for the gateway's HTTP/1.1 pool."""
+        ...
+
+    def readiness(
+        self, backend: KindBackend, transport: OwnTransport | None, timeout_s: float
+    ) -> Readiness | None:
+        """The backend's own readiness check (given the transport made for it), or None for a
+        GET of the adapter's `health_path`."""
+        ...

@@ -1,7 +1,8 @@
 """Pure parsers of engine ``/metrics`` pages (Prometheus text exposition 0.0.4).
 
-No I/O here: the monitor fetches the text and hands it in; these functions turn it into
-per-model :class:`EngineStats`.
+No I/O here: the monitor fetches the text and hands it in; `collect` turns it into per-model
+:class:`EngineStats`, reading the series an engine kind names (each kind's `metrics` module holds
+its table: gateway.wire.vllm.metrics, gateway.wire.triton.metrics).
 
 Parser choice (measured before picking): a vLLM page built the way vLLM
 builds it (prometheus_client, every V1 engine metric with default buckets, ``_created`` gauges,
@@ -31,12 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = [
-    "EngineStats",
-    "MetricsParseError",
-    "parse_triton_metrics",
-    "parse_vllm_metrics",
-]
+__all__ = ["SLOTS", "EngineStats", "MetricsParseError", "collect"]
 
 
 class MetricsParseError(ValueError):
@@ -91,46 +87,13 @@ _LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|
 _UNESCAPE_RE = re.compile(r"\\(.)")
 _UNESCAPES: Mapping[str, str] = MappingProxyType({"n": "\n", "\\": "\\", '"': '"'})
 
-_VLLM_RUNNING = "vllm:num_requests_running"
-_VLLM_WAITING = "vllm:num_requests_waiting"
-_VLLM_KV = "vllm:kv_cache_usage_perc"
-_VLLM_KV_OLD = "vllm:gpu_cache_usage_perc"  # removed in vLLM 0.12; older engines still send it
-_VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
-_VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-_VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-_VLLM_SUCCESS = "vllm:request_success_total"
-_VLLM_GENERATION = "vllm:generation_tokens_total"
-_VLLM_ITL_SUM = "vllm:inter_token_latency_seconds_sum"
-_VLLM_ITL_COUNT = "vllm:inter_token_latency_seconds_count"
-# The same histogram's name before vLLM 0.11 (its meaning was the same: one sample per step).
-_VLLM_ITL_SUM_OLD = "vllm:time_per_output_token_seconds_sum"
-_VLLM_ITL_COUNT_OLD = "vllm:time_per_output_token_seconds_count"
-
-_TRITON_PENDING = "nv_inference_pending_request_count"
-_TRITON_SUCCESS = "nv_inference_request_success"
-
-_VLLM_WANTED = frozenset(
-    {
-        _VLLM_RUNNING,
-        _VLLM_WAITING,
-        _VLLM_KV,
-        _VLLM_KV_OLD,
-        _VLLM_DRAFTS,
-        _VLLM_DRAFT_TOKENS,
-        _VLLM_ACCEPTED,
-        _VLLM_SUCCESS,
-        _VLLM_GENERATION,
-        _VLLM_ITL_SUM,
-        _VLLM_ITL_COUNT,
-        _VLLM_ITL_SUM_OLD,
-        _VLLM_ITL_COUNT_OLD,
-    }
-)
-# The Triton vLLM backend re-exports vLLM's counters (and, in older versions, its gauges)
-# labelled `model`: KV usage when present, and the generated-token counter the stall check reads.
-_TRITON_WANTED = frozenset(
-    {_TRITON_PENDING, _TRITON_SUCCESS, _VLLM_KV, _VLLM_KV_OLD, _VLLM_GENERATION}
-)
+# What a series can feed, per model: counts and gauges summed over engines, KV usage as the
+# fullest engine's, counters that may be absent (None until seen) summed.
+_SUMMED = frozenset({"running", "waiting", "success"})
+_FULLEST = frozenset({"kv", "kv_old"})
+_OPTIONAL = frozenset({"drafts", "draft_tokens", "accepted", "generation", "itl_sum", "itl_count",
+                       "itl_sum_old", "itl_count_old"})  # fmt: skip
+SLOTS = _SUMMED | _FULLEST | _OPTIONAL
 
 
 def _unescape(value: str) -> str:
@@ -241,59 +204,29 @@ def _fullest(current: float | None, value: float) -> float:
     return current if math.isnan(value) else max(current, value)
 
 
-def _collect(text: str, wanted: frozenset[str], model_label: str) -> dict[str, _Acc]:
+def collect(text: str, series: Mapping[str, str], model_label: str) -> dict[str, EngineStats]:
+    """Per-model stats (by the label `model_label`) from a metrics page: `series` maps each
+    series read to the slot it feeds (one of SLOTS: `running`, `waiting`, `success`, `kv`,
+    `kv_old`, `drafts`, `draft_tokens`, `accepted`, `generation`, `itl_sum`, `itl_count`,
+    `itl_sum_old`, `itl_count_old`).
+
+    Raises :class:`MetricsParseError` when a line is not valid exposition text.
+    """
     accs: dict[str, _Acc] = {}
-    for name, labels, value in _samples(text, wanted):
+    for name, labels, value in _samples(text, frozenset(series)):
         model = labels.get(model_label)
         if model is None:
             continue  # not a per-model series (or not from this kind of engine)
         acc = accs.get(model)
         if acc is None:
             acc = accs[model] = _Acc()
-        if name == _VLLM_KV:
-            acc.kv = _fullest(acc.kv, value)
-        elif name == _VLLM_KV_OLD:
-            acc.kv_old = _fullest(acc.kv_old, value)
-        elif name == _VLLM_RUNNING:
-            acc.running += value
-        elif name in (_VLLM_WAITING, _TRITON_PENDING):
-            acc.waiting += value
-        elif name in (_VLLM_SUCCESS, _TRITON_SUCCESS):
-            # vLLM counts every finished_reason (stop/length/abort/error) under this name.
-            acc.success += value
-        elif name == _VLLM_DRAFTS:
-            acc.drafts = _add(acc.drafts, value)
-        elif name == _VLLM_DRAFT_TOKENS:
-            acc.draft_tokens = _add(acc.draft_tokens, value)
-        elif name == _VLLM_ACCEPTED:
-            acc.accepted = _add(acc.accepted, value)
-        elif name == _VLLM_GENERATION:
-            acc.generation = _add(acc.generation, value)
-        elif name == _VLLM_ITL_SUM:
-            acc.itl_sum = _add(acc.itl_sum, value)
-        elif name == _VLLM_ITL_COUNT:
-            acc.itl_count = _add(acc.itl_count, value)
-        elif name == _VLLM_ITL_SUM_OLD:
-            acc.itl_sum_old = _add(acc.itl_sum_old, value)
-        elif name == _VLLM_ITL_COUNT_OLD:
-            acc.itl_count_old = _add(acc.itl_count_old, value)
-    return accs
-
-
-def parse_vllm_metrics(text: str) -> dict[str, EngineStats]:
-    """Per ``model_name`` stats from a vLLM ``/metrics`` page, summed over ``engine`` labels.
-
-    Raises :class:`MetricsParseError` when a line is not valid exposition text.
-    """
-    accs = _collect(text, _VLLM_WANTED, "model_name")
-    return {model: acc.stats() for model, acc in accs.items()}
-
-
-def parse_triton_metrics(text: str) -> dict[str, EngineStats]:
-    """Per ``model`` stats from Triton's metrics page (port 8002), summed over versions.
-
-    Triton exports no running gauge, so ``running`` is 0 and the pending count is ``waiting``;
-    the gateway's own in-flight count carries the rest.
-    """
-    accs = _collect(text, _TRITON_WANTED, "model")
+        slot = series[name]
+        current = getattr(acc, slot)
+        if slot in _SUMMED:
+            # vLLM counts every finished_reason (stop/length/abort/error) as a success.
+            setattr(acc, slot, current + value)
+        elif slot in _FULLEST:
+            setattr(acc, slot, _fullest(current, value))
+        else:
+            setattr(acc, slot, _add(current, value))
     return {model: acc.stats() for model, acc in accs.items()}

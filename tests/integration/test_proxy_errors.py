@@ -49,7 +49,7 @@ async def test_a_bug_before_the_answer_is_a_500_in_openai_shape(
     async def broken(ex: Exchange) -> Decision:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(gateway.pipeline.admission, "admit", broken)
+    monkeypatch.setattr(gateway.admission, "admit", broken)
     sent = await call(gateway)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 500
@@ -66,8 +66,8 @@ async def test_a_bug_after_the_answer_started_sends_nothing_more(
         await ex.start_response(200, [])
         raise RuntimeError("a bug mid-stream")
 
-    monkeypatch.setattr(gateway.pipeline.upstream, "forward", half)
-    monkeypatch.setattr(gateway.pipeline.admission, "admit", _any_decision)
+    monkeypatch.setattr(gateway.upstream, "forward", half)
+    monkeypatch.setattr(gateway.admission, "admit", _any_decision)
     sent = await call(gateway)
     assert [m["type"] for m in sent] == ["http.response.start"]
 

@@ -26,7 +26,7 @@ from gateway.config.settings import load_settings
 from gateway.observe.tracing_env import trace_exporters
 from gateway.pipeline.tracing import provider_from_env
 from gateway.serve.app import COMPLETIONS, Proxy
-from gateway.serve.assembly import Gateway, open_gateway
+from gateway.serve.assembly import Gateway, Hosting, open_gateway
 from loadtests.procs import wait_http
 from tests.conftest import free_port
 from tests.integration.stack import MODEL, start_stack
@@ -85,7 +85,7 @@ async def traced() -> AsyncIterator[tuple[Gateway, InMemorySpanExporter, Engine,
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     try:
-        async with open_gateway(settings, tracer_provider=provider) as gw:
+        async with open_gateway(settings, Hosting(tracer_provider=provider)) as gw:
             yield gw, exporter, refusing, answering
     finally:
         for r in runners:

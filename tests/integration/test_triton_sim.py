@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.wire.metrics import parse_triton_metrics
+from gateway.wire.triton.metrics import parse_triton_metrics
 from loadtests.procs import SimProcess
 
 NAME = "llama31-8b-awq"

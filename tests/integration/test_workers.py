@@ -23,7 +23,7 @@ from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import load_settings
 from gateway.routing import Decision, RouteRequest
 from gateway.serve.app import COMPLETIONS, Proxy
-from gateway.serve.assembly import open_gateway
+from gateway.serve.assembly import Hosting, open_gateway
 from loadtests.procs import GatewayProcess
 from tests.conftest import free_port
 from tests.integration.stack import (
@@ -244,7 +244,7 @@ async def test_a_slot_another_worker_took_sends_the_request_back_to_admission() 
         "name": "golden-range", "latency_max_concurrency": 1, "hysteresis": 0,
         "latency_hard_cap": 1, "queue_deadline_s": 0})  # fmt: skip
     store = MemoryInflightStore()  # the workers' shared counts, as far as this test goes
-    async with open_gateway(settings, store=store) as gw:
+    async with open_gateway(settings, Hosting(store=store)) as gw:
         decide = gw.admission.decide
         decisions: list[str] = []
 

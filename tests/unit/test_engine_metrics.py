@@ -1,4 +1,4 @@
-"""Tests of the pure engine-metrics parsers (gateway.wire.metrics)."""
+"""Tests of the pure engine-metrics parsers (gateway.wire.metrics and each kind's table)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.wire.metrics import (
-    EngineStats,
-    MetricsParseError,
-    parse_triton_metrics,
-    parse_vllm_metrics,
-)
+from gateway.wire.metrics import EngineStats, MetricsParseError
+from gateway.wire.triton.metrics import parse_triton_metrics
+from gateway.wire.vllm.metrics import parse_vllm_metrics
 
 
 def _floats(spaced: str) -> list[float]:

@@ -268,7 +268,7 @@ def test_gateway_config_routes_to_services_and_models_that_exist(
             assert backend.models == [served]
             if backend.kind == "triton":
                 for model in backend.models:
-                    name = backend.triton_models.get(model, model)
+                    name = backend.kind_options.get("triton_models", {}).get(model, model)
                     assert (MODEL_REPOSITORY / name / "config.pbtxt").is_file(), name
     (gateway,) = containers(of_kind("Deployment")["gateway"])
     env = {e["name"]: e.get("value") for e in gateway["env"]}

@@ -20,8 +20,10 @@ from engines.sim.triton import (
     parse_generate,
     render_metrics,
 )
-from gateway.config.settings import ConfigError, load_settings
-from gateway.wire.metrics import parse_triton_metrics
+from gateway.config.settings import ConfigError, kind_options, load_settings
+from gateway.wire.kinds import BUILTIN
+from gateway.wire.triton.metrics import parse_triton_metrics
+from gateway.wire.triton.options import TritonOptions
 
 REPO = Path(__file__).resolve().parents[2] / "engines" / "triton" / "model_repository"
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
@@ -156,10 +158,14 @@ def test_triton_backend_settings() -> None:
     (b,) = s.tiers[0].backends
     assert b.metrics_url == "http://127.0.0.1:8002/metrics"
     assert b.scrape_url == "http://127.0.0.1:8002/metrics"
-    assert b.triton_models == {MODEL: "llama31-8b-awq"}
-    assert b.triton_grpc is None
+    options = kind_options(b, BUILTIN["triton"])
+    assert isinstance(options, TritonOptions)
+    assert options.triton_models == {MODEL: "llama31-8b-awq"}
+    assert options.triton_grpc is None
     grpc = tiers(kind="triton", triton_models={MODEL: "m"}, triton_grpc=" triton:8001 ")
-    assert load_settings(None, tiers=grpc).tiers[0].backends[0].triton_grpc == "triton:8001"
+    b = load_settings(None, tiers=grpc).tiers[0].backends[0]
+    assert kind_options(b, BUILTIN["triton"]) == TritonOptions(triton_models={MODEL: "m"},
+                                                               triton_grpc="triton:8001")
     plain = load_settings(None, tiers=tiers()).tiers[0].backends[0]
     assert plain.scrape_url == "http://127.0.0.1:8000/metrics"
 

@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2
 
 from engines.sim.triton import TritonError
 from engines.sim.triton_grpc import infer_response, read_request
-from gateway.wire import _triton_grpc as g
+from gateway.wire.triton import grpc_codec as g
 from gateway.wire.triton.adapter import generate_request
 
 PATH = "/v2/models/llama31-8b-awq/generate_stream"

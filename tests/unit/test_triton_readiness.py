@@ -43,7 +43,8 @@ def readiness(grpc: bool, client: FakeClient) -> TritonReadiness:
         backend["triton_grpc"] = "t:8001"
     settings = Settings(tiers=[{"name": "p", "role": "throughput", "backends": [backend]}])
     entry = Registry(settings, MemoryInflightStore(), Telemetry()).entries[URL]
-    ready = TritonReadiness(entry, 1.0)
+    ready = entry.kind.readiness(entry, entry.own_transport, 1.0)
+    assert isinstance(ready, TritonReadiness)
     ready._client = client  # no server: the client is the stand-in
     return ready
 
@@ -54,8 +55,8 @@ async def test_ready_when_the_server_and_the_mapped_model_are(grpc: bool) -> Non
     assert ready.models == ["m"]
     assert await ready.check() is None
     if grpc:  # the transport learns which optional inputs the model declares
-        assert ready.entry.grpc is not None
-        assert ready.entry.grpc.declared == {"m": frozenset(INPUT_TYPES)}
+        assert ready.grpc is not None
+        assert ready.grpc.declared == {"m": frozenset(INPUT_TYPES)}
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from gateway.core.errors import error_body, error_json, sse_error
-from gateway.wire import BackendOptions, Incompatible
-from gateway.wire.metrics import EngineStats, parse_triton_metrics
+from gateway.wire import Incompatible
+from gateway.wire.metrics import EngineStats
+from gateway.wire.triton.metrics import parse_triton_metrics
 
 if TYPE_CHECKING:
     from gateway.core.exchange import Exchange
@@ -452,9 +453,9 @@ class TritonAdapter:
             )  # fmt: skip
         return call
 
-    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
+    def request(self, ex: Exchange, options: Any) -> tuple[str, bytes]:
         call = self._call(ex)
-        return call.path(backend.triton_models.get(ex.model, ex.model)), call.body
+        return call.path(options.triton_models.get(ex.model, ex.model)), call.body
 
     def reply(
         self, ex: Exchange, status: int, body: bytes, content_type: bytes

@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
-from gateway.backends.registry import BackendEntry
+from gateway.wire import KindBackend
 from gateway.wire.triton.grpc_codec import input_problems
+
+if TYPE_CHECKING:
+    from gateway.wire.triton.grpc_transport import TritonGrpc
 
 __all__ = ["TritonReadiness", "model_inputs"]
 
@@ -40,19 +43,19 @@ def model_inputs(metadata: Mapping[str, Any]) -> dict[str, str]:
 class TritonReadiness:
     """The readiness check of one Triton backend. Its client is made in the running loop."""
 
-    def __init__(self, entry: BackendEntry, timeout_s: float) -> None:
-        cfg = entry.config
-        self.entry, self.timeout_s = entry, timeout_s
-        self.models = sorted({cfg.triton_models.get(m, m) for m in cfg.models})
-        self.protocol = "gRPC" if entry.grpc is not None else "HTTP"
+    def __init__(self, backend: KindBackend, grpc: TritonGrpc | None, timeout_s: float) -> None:
+        self.backend, self.grpc, self.timeout_s = backend, grpc, timeout_s
+        mapped = backend.options.triton_models
+        self.models = sorted({mapped.get(m, m) for m in backend.models})
+        self.protocol = "gRPC" if grpc is not None else "HTTP"
         self._client: Any = None
         self._logged: dict[str, str] = {}  # model -> the problem last logged for it
 
     def _make_client(self) -> Any:
-        if self.entry.grpc is not None:
+        if self.grpc is not None:
             # The requests' channel: its readiness is theirs (the transport closes it).
-            return self.entry.grpc.client()
-        parts = urlsplit(self.entry.url)
+            return self.grpc.client()
+        parts = urlsplit(self.backend.url)
         return http_aio.InferenceServerClient(
             parts.netloc + parts.path, ssl=parts.scheme == "https", conn_timeout=self.timeout_s
         )
@@ -64,14 +67,14 @@ class TritonReadiness:
             self._client = self._make_client()
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._check(self._client, self.entry.auth)
+                return await self._check(self._client, self.backend.auth)
         except (aiohttp.ClientError, TimeoutError) as e:
             return type(e).__name__, False
         except InferenceServerException as e:
             if str(e.status()) in _UNREACHABLE:
                 # Over HTTP a dead server fails its metrics too, which counts; a gRPC endpoint
                 # is checked here alone, and requests cannot reach it.
-                return "unreachable", self.entry.grpc is not None
+                return "unreachable", self.grpc is not None
             return f"error {e.message()}", True
 
     async def _check(self, client: Any, auth: Mapping[str, str]) -> tuple[str, bool] | None:
@@ -95,14 +98,14 @@ class TritonReadiness:
             self._report(model, "; ".join(problems) and (
                 f"model {model!r} does not take the vLLM backend's inputs: "
                 + "; ".join(problems)))  # fmt: skip
-            if self.entry.grpc is not None:
-                self.entry.grpc.declared[model] = frozenset(inputs)
+            if self.grpc is not None:
+                self.grpc.declared[model] = frozenset(inputs)
         return None
 
     @property
     def _as_json(self) -> dict[str, bool]:
         # The gRPC client returns a protobuf unless asked for JSON; the HTTP one has no such flag.
-        return {"as_json": True} if self.entry.grpc is not None else {}
+        return {"as_json": True} if self.grpc is not None else {}
 
     def _report(self, model: str, problem: str) -> None:
         """Log a model's problem once (and once more when it is gone)."""
@@ -110,15 +113,15 @@ class TritonReadiness:
         if problem == before:
             return
         self._logged[model] = problem
-        fields = {"backend": self.entry.url, "model": model, "protocol": self.protocol}
+        fields = {"backend": self.backend.url, "model": model, "protocol": self.protocol}
         if problem:
-            log.error("Triton backend %s: %s", self.entry.url, problem, extra={"fields": fields})
+            log.error("Triton backend %s: %s", self.backend.url, problem, extra={"fields": fields})
         else:
-            log.info("Triton backend %s: model %r is fine now", self.entry.url, model,
+            log.info("Triton backend %s: model %r is fine now", self.backend.url, model,
                      extra={"fields": fields})  # fmt: skip
 
     async def aclose(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            if self.entry.grpc is None:
+            if self.grpc is None:
                 await client.close()

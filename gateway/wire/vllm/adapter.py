@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.core.errors import error_json, sse_error
 from gateway.core.exchange import body_of
-from gateway.wire import BackendOptions, Incompatible
-from gateway.wire.metrics import EngineStats, parse_vllm_metrics
+from gateway.wire import Incompatible
+from gateway.wire.metrics import EngineStats
+from gateway.wire.vllm.metrics import parse_vllm_metrics
 
 if TYPE_CHECKING:
     from gateway.core.exchange import Exchange
@@ -88,8 +89,8 @@ class VllmAdapter:
     def incompatibility(self, ex: Exchange) -> Incompatible | None:
         return None
 
-    def request(self, ex: Exchange, backend: BackendOptions) -> tuple[str, bytes]:
-        if backend.priority_scheduling and ex.priority and "priority" not in ex.data:
+    def request(self, ex: Exchange, options: Any) -> tuple[str, bytes]:
+        if options.priority_scheduling and ex.priority and "priority" not in ex.data:
             body = ex.prepared.get("vllm_priority")
             if not isinstance(body, bytes):
                 body = ex.prepared["vllm_priority"] = body_of({**ex.data, "priority": ex.priority})
