@@ -6,7 +6,7 @@
 #   docker run --rm -p 8000:8000 -v "$PWD/tiers.yaml:/etc/tiergate/tiers.yaml:ro" \
 #       tiergate:0.1.0 serve --config /etc/tiergate/tiers.yaml       # gateway in front of vLLM
 #   docker run --rm -p 8201:8000 tiergate:0.1.0 sim --profile v4 --host 0.0.0.0 --port 8000
-#   docker run --rm --entrypoint locust tiergate:0.1.0 -f loadtests/locustfile.py --help
+#   docker run --rm --entrypoint locust tiergate:0.1.0 -f loadtests/locust/locustfile.py --help
 #
 # Dependencies come from uv.lock (--frozen: the lock is used as is, never re-resolved).
 # tests/e2e/test_dockerfile.py replays the COPY/WORKDIR/ENV/RUN steps below in a temporary

@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -32,9 +33,10 @@ from engines.sim.fit import METRICS, load_targets
 from engines.sim.profile import load_profile
 from engines.sim.virtual import LoopResult, single_request_estimate
 from engines.sim.virtual import closed_loop as virtual_loop
-from loadtests.client import LoopStats, closed_loop
-from loadtests.procs import SimProcess, cpu_meter
-from loadtests.stack import start_stack
+from loadtests.common.options import setup_logging
+from loadtests.harness.client import LoopStats, closed_loop
+from loadtests.harness.procs import SimProcess, cpu_meter
+from loadtests.harness.stack import start_stack
 
 SERIAL_SPEEDUP = 25.0
 
@@ -266,3 +268,28 @@ def _crossover(console: Console, loops: dict[tuple[str, int], LoopStats]) -> Non
         verdict = "v4 loses" if a < b else "v4 does NOT lose"
         console.print(f"crossover c=64: throughput v4 {a:.0f} vs v3 {b:.0f} tok/s "
                       f"({a / b:.2f}x) -> {verdict}")  # fmt: skip
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    profiles: Annotated[
+        list[str] | None, typer.Option("--profile", help="Profiles to run (default: all).")
+    ] = None,
+    requests_per_user: Annotated[
+        int | None,
+        typer.Option(
+            help="Closed-loop requests per user, the first being warm-up (default: targets.yaml)."
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the cells as JSON here.")] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="Also write the printed tables as markdown here.")
+    ] = None,
+) -> None:
+    """Drive each simulator profile at the tutorial's concurrencies over HTTP and compare every
+    cell with the table: target, measured, ratio."""
+
+    setup_logging("warning")
+    run(profiles or None, requests_per_user=requests_per_user, out=out, report=report)

@@ -50,19 +50,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
+import typer
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from loadtests.client import prompt_of
-from loadtests.procs import GatewayProcess, SimProcess, free_port
-from loadtests.stack import MODEL
-from loadtests.summarize import json_safe, percentile
+from loadtests.common.options import known, setup_logging
+from loadtests.common.report import revision
+from loadtests.common.stats import json_safe, ms_of_s, percentile
+from loadtests.harness.client import prompt_of
+from loadtests.harness.procs import GatewayProcess, SimProcess, free_port
+from loadtests.harness.stack import MODEL
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -920,7 +923,7 @@ def verdicts(results: dict[str, Result]) -> list[Verdict]:
         out.append(Verdict(
             f"TTFT p99 in the slow-instance scenario within {TTFT_RATIO_LIMIT:g}x of the healthy "
             "run", ratio <= TTFT_RATIO_LIMIT,
-            f"{_ms(s)} vs {_ms(h)} = {ratio:.2f}x",
+            f"{ms_of_s(s, 0, ' ms')} vs {ms_of_s(h, 0, ' ms')} = {ratio:.2f}x",
         ))  # fmt: skip
     if r := results.get("gateway-restart"):
         live, cut = r.extra.get("in_flight_at_signal"), r.extra.get("cut_in_flight")
@@ -964,10 +967,6 @@ def _causes(r: Result) -> str:
 # --- output ---------------------------------------------------------------------------------
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x * 1000:.0f} ms"
-
-
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} s"
 
@@ -979,8 +978,8 @@ COLUMNS = ("scenario", "sent", "OK", "failed", "cut", "continued", "max silence"
 def row(r: Result) -> list[str]:
     att = "-" if r.attempts_per_request is None else f"{r.attempts_per_request:.2f}"
     return [r.scenario, str(r.sent), str(r.ok), str(r.failed), str(r.cut), str(r.continued),
-            _s(r.max_silence_s), _s(r.eject_s), _s(r.readmit_s), _ms(r.ttft_p50_s),
-            _ms(r.ttft_p99_s), att, str(r.ejections)]  # fmt: skip
+            _s(r.max_silence_s), _s(r.eject_s), _s(r.readmit_s), ms_of_s(r.ttft_p50_s, 0, ' ms'),
+            ms_of_s(r.ttft_p99_s, 0, ' ms'), att, str(r.ejections)]  # fmt: skip
 
 
 def print_report(console: Console, results: Sequence[Result], vs: Sequence[Verdict]) -> None:
@@ -1145,22 +1144,6 @@ def plot(results: Sequence[Result], path: Path) -> None:
     plt.close(fig)
 
 
-def revision() -> dict[str, Any]:
-    """The commit the code ran at, and which of the code's files differed from it (read at the
-    start: the tree may change while the scenarios run)."""
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(("git", *args), capture_output=True, text=True, check=True,
-                                  cwd=REPO).stdout  # fmt: skip
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    changed = git("status", "--porcelain", "--", "gateway", "engines", "tiergate", "loadtests")
-    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
-            "modified": sorted(line[3:] for line in changed.splitlines())}  # fmt: skip
-
-
 def default_command(opts: Options) -> str:
     args = [f"--scenario {s}" for s in opts.scenarios] if opts.scenarios != SCENARIO_NAMES else []
     args += [f"--seconds {opts.seconds:g}", f"--users {opts.users}"]
@@ -1173,7 +1156,7 @@ def run(opts: Options, console: Console | None = None) -> list[Result]:
     unknown = [s for s in opts.scenarios if s not in SCENARIO_NAMES]
     if unknown:
         raise ValueError(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIO_NAMES)}")
-    rev = revision()
+    rev = revision(("gateway", "engines", "loadtests"))
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     logs = opts.logs or Path(tempfile.mkdtemp(prefix="tiergate-chaos-"))
     results: list[Result] = []
@@ -1214,3 +1197,80 @@ def run(opts: Options, console: Console | None = None) -> list[Result]:
 
 
 __all__ = ["SCENARIOS", "SCENARIO_NAMES", "Options", "Result", "Stream", "Verdict", "run"]
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _scenarios(names: list[str] | None) -> list[str] | None:
+    from loadtests.chaos import SCENARIO_NAMES
+
+    return known(names, SCENARIO_NAMES)
+
+
+def command(
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_scenarios,
+            help="Scenario to run; repeat for several (default all, in this order): healthy "
+            "(no fault: the TTFT reference), crash (SIGKILL of a throughput engine, restarted "
+            "later on its port), freeze (SIGSTOP, later SIGCONT), stalled (hang fault: /health "
+            "and /metrics still answer), errors-500 (500 on half its requests), wrong-key (an "
+            "engine wanting an API key the gateway lacks), refusing-503 (503 on every request, "
+            "/health 200), slow-first-token (5 s before every first token), gateway-restart (20 "
+            "streams, SIGTERM to the gateway, a new one on its port), redis-loss (the gateway's "
+            "Redis killed, restarted later), all-failing (every engine answers 500).",
+        ),
+    ] = None,
+    seconds: Annotated[
+        float,
+        typer.Option(
+            min=5,
+            help="Seconds of load per scenario: the fault at 20%, cleared at 60%; longer while "
+            "the faulty engine is not yet back in full rotation.",
+        ),
+    ] = 30.0,
+    users: Annotated[
+        int, typer.Option(min=1, help="Closed-loop streaming users (gateway-restart: 20).")
+    ] = 48,
+    out: Annotated[Path, typer.Option(help="Folder for chaos.md, chaos.json, chaos.png.")] = Path(
+        "docs/results"
+    ),
+    logs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Keep every process's log here, a folder per scenario (default: a new "
+            "temporary folder, printed at the end and kept)."
+        ),
+    ] = None,
+) -> None:
+    """Faults injected into a simulated deployment under streaming load: per
+    scenario a fresh deployment (1 v4 latency + 2 v3 throughput simulators at speedup 4, one
+    gateway at its default settings) and closed-loop users streaming completions of exactly
+    1024 tokens. Prints per scenario: requests sent, OK (complete: all tokens, one id, a right
+    usage, [DONE]), failed before the first byte, streams cut, streams continued, the longest
+    silence within a stream, time to eject and to re-admit the faulty engine (from /state at
+    20 Hz), TTFT p50/p99 while the fault lasts, upstream attempts per client request; then a
+    MET / NOT MET line per reliability goal (README, Reliability) the run judges. Every process is
+    stopped at the end, on failure and on Ctrl-C."""
+    import sys
+
+    from loadtests.common.report import command_line
+
+    # The report shows the command without --logs: a folder on this machine says nothing there.
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--logs="):
+            skip = False
+        elif arg == "--logs":
+            skip = True
+        else:
+            argv.append(arg)
+    setup_logging("warning")
+    try:
+        run(Options(scenarios=tuple(scenario or SCENARIO_NAMES), seconds=seconds, users=users,
+                    out=out, logs=logs, command=command_line(argv)))  # fmt: skip
+    except KeyboardInterrupt:  # the processes are stopped by then; no traceback for a Ctrl-C
+        typer.echo("interrupted: every process stopped, nothing written", err=True)
+        raise typer.Exit(130) from None

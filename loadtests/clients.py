@@ -24,25 +24,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
 import aiohttp
 import httpx
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from engines.sim.profile import load_profile
 from gateway.core.http1 import Http1Pool
-from loadtests.overhead import (
-    JSON_HEADERS,
-    PROFILE,
-    event_loop_runner,
-    markdown_table,
-    post_ok,
-    rotation,
-    small_body,
-)
-from loadtests.procs import SimProcess
+from loadtests.common.options import setup_logging
+from loadtests.common.report import markdown_table
+from loadtests.common.stats import rotation
+from loadtests.harness.client import event_loop_runner
+from loadtests.harness.procs import SimProcess
+from loadtests.harness.proxied import JSON_HEADERS, PROFILE, post_ok, small_body
 
 LIBRARIES = ("httpx", "aiohttp", "http1")
 
@@ -236,3 +234,19 @@ def run(
         out.write_text(text)
         console.print(f"wrote {out}")
     return stats
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    requests: Annotated[int, typer.Option(min=1, help="Requests per library per round.")] = 3000,
+    concurrency: Annotated[int, typer.Option(min=1, help="Concurrent requests.")] = 64,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (libraries alternating).")] = 3,
+    out: Annotated[Path, typer.Option(help="Markdown summary.")] = Path("docs/results/clients.md"),
+) -> None:
+    """httpx against aiohttp as the upstream client: requests/s and client CPU per request, on
+    the same small requests to an instant simulator (why the gateway uses aiohttp)."""
+
+    setup_logging("warning")
+    run(requests=requests, concurrency=concurrency, rounds=rounds, out=out)

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import shlex
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +32,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
+import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -48,8 +48,9 @@ from rich.progress import (
 from rich.table import Table
 
 from gateway.routing import PolicyName, PolicyParams
-from loadtests.client import Result, closed_loop, prompt_of, stream_completion
-from loadtests.summarize import json_safe, percentile
+from loadtests.common.options import setup_logging
+from loadtests.common.stats import json_safe, ms, percentile
+from loadtests.harness.client import Result, closed_loop, prompt_of, stream_completion
 
 ENGINES: tuple[str, str] = ("latency", "throughput")
 DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -200,22 +201,6 @@ def crossover_text(c: Crossing, names: tuple[str, str] = ENGINES) -> str:
     return "not measured: no level has a TPOT from both engines"
 
 
-def command_line(argv: Sequence[str]) -> str:
-    """The command as typed (`tiergate` + its arguments), with the API key masked."""
-    out: list[str] = []
-    hide = False
-    for arg in argv:
-        if hide:
-            out.append("***")
-            hide = False
-        elif arg == "--api-key":
-            out.append(arg)
-            hide = True
-        elif arg.startswith("--api-key="):
-            out.append("--api-key=***")
-        else:
-            out.append(arg)
-    return shlex.join(["tiergate", *out])
 
 
 def base_url(url: str) -> str:
@@ -540,10 +525,6 @@ def build_report(
     return clean
 
 
-def _ms(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
-
-
 def _rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row per level and engine, in the order they ran: the printed and written tables."""
     rows: list[tuple[str, ...]] = []
@@ -553,9 +534,9 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
         for role in report["order"][i]:
             s = report["runs"][role][i]
             rows.append((
-                str(c), role, str(s["n"]), str(s["errors"]), _ms(s["ttft_p50_ms"], 0),
-                _ms(s["tpot_p50_ms"]), _ms(s["tpot_p99_ms"]), _ms(s["tok_s"], 0),
-                _ms(ratio, 2) if role == "latency" else "",
+                str(c), role, str(s["n"]), str(s["errors"]), ms(s["ttft_p50_ms"], 0),
+                ms(s["tpot_p50_ms"]), ms(s["tpot_p99_ms"]), ms(s["tok_s"], 0),
+                ms(ratio, 2) if role == "latency" else "",
             ))  # fmt: skip
     return rows
 
@@ -728,3 +709,93 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _levels(text: str) -> str:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: comma-separated whole numbers") from None
+    if not levels or min(levels) < 1:
+        raise typer.BadParameter(f"{text!r}: concurrencies of 1 or more")
+    return text
+
+
+def command(
+    latency: Annotated[
+        str,
+        typer.Option(
+            "--latency",
+            metavar="URL",
+            help="The latency engine (EAGLE), e.g. "
+            "http://gpu-a:8000: called directly, not through the gateway.",
+        ),
+    ],
+    throughput: Annotated[
+        str, typer.Option("--throughput", metavar="URL", help="The throughput engine (AWQ).")
+    ],
+    levels: Annotated[
+        str, typer.Option(callback=_levels, help="Concurrencies, comma-separated.")
+    ] = "1,2,4,8,16,24,32,48,64",
+    prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length (words).")] = 50,
+    output_tokens: Annotated[
+        int, typer.Option(min=2, help="max_tokens, with ignore_eos: every request's length.")
+    ] = 256,
+    seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Per level and engine: users keep sending for this long (each "
+            "at least 2 requests, the first warm-up). Default 30.",
+        ),
+    ] = None,
+    requests_per_user: Annotated[
+        int | None,
+        typer.Option(
+            min=2, help="Instead of --seconds: this many requests per user, the first warm-up."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (default: each engine's first in /v1/models).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Bearer token for both engines (masked in the report).")
+    ] = None,
+    slo_tpot_ms: Annotated[
+        list[float] | None,
+        typer.Option(help="TPOT SLOs (ms) for the per-engine limits; repeat. Default 12 and 25."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for crossover.json, .md and .png.")
+    ] = None,
+    note: Annotated[
+        str | None, typer.Option(help="A line for the report: what the engines are.")
+    ] = None,
+) -> None:
+    """Each engine alone at increasing concurrency (closed loop, streamed completions): TTFT,
+    TPOT, tok/s per level; where the latency engine stops being faster per token, and the
+    golden-range limits that follow."""
+    import sys
+
+    from loadtests.common.report import command_line
+
+    if seconds is not None and requests_per_user is not None:
+        raise typer.BadParameter("give --seconds or --requests-per-user, not both")
+    setup_logging("warning")
+    opts = Options(
+        latency=latency, throughput=throughput,
+        levels=tuple(sorted({int(x) for x in levels.split(",") if x.strip()})),
+        prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        seconds=DEFAULT_SECONDS if seconds is None else seconds,
+        requests_per_user=requests_per_user, model=model, api_key=api_key,
+        slo_tpot_ms=tuple(slo_tpot_ms or DEFAULT_SLO_TPOT_MS), out=out, note=note,
+        command=command_line(sys.argv[1:]),
+    )  # fmt: skip
+    try:
+        run(opts)
+    except (RuntimeError, OSError) as e:  # an engine that does not answer as asked
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None

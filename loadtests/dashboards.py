@@ -25,16 +25,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import aiohttp
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway.routing import DEFAULT_POLICY, PolicyName
-from loadtests.client import prompt_of
-from loadtests.procs import SimProcess
-from loadtests.promstack import (
+from loadtests.common.options import setup_logging
+from loadtests.harness.client import prompt_of
+from loadtests.harness.procs import SimProcess
+from loadtests.harness.promstack import (
     DASHBOARDS_DIR,
     Dashboard,
     Panel,
@@ -47,7 +49,7 @@ from loadtests.promstack import (
     substitute,
     variable_values,
 )
-from loadtests.stack import MODEL, Stack, add_gateway, start_stack
+from loadtests.harness.stack import MODEL, Stack, add_gateway, start_stack
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -769,3 +771,30 @@ Stat panels show the value at the end of the window (after the load), over a spa
 
 def _indent(text: str) -> str:
     return "\n".join("   " + line for line in text.splitlines())
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    out: Annotated[Path, typer.Option(help="Folder for the PNGs and their README.")] = Path(
+        "docs/dashboards"
+    ),
+    seconds: Annotated[
+        float, typer.Option(min=4, help="Length of the step load (four equal phases).")
+    ] = 120.0,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
+    output_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 128,
+    step: Annotated[float, typer.Option(help="query_range step, seconds.")] = 1.0,
+    rate_interval: Annotated[
+        str, typer.Option(help="What $__rate_interval stands for in the panel queries.")
+    ] = "10s",
+) -> None:
+    """Render the Grafana dashboards to PNG without Grafana: a simulated deployment scraped by
+    a real Prometheus (the deployed config and rules) under a step load with injected faults,
+    every panel queried with query_range and plotted in the dashboard's grid."""
+    from rich.console import Console
+
+    setup_logging("warning")
+    run(out, seconds=seconds, speedup=speedup, output_tokens=output_tokens, step=step,
+        rate_interval=rate_interval, console=Console())  # fmt: skip

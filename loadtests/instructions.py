@@ -34,22 +34,18 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from engines.sim.profile import load_profile
-from loadtests.overhead import (
-    Baseline,
-    checkout,
-    gateway_config,
-    import_origins,
-    small_body,
-    stream_body,
-)
-from loadtests.procs import GatewayProcess, SimProcess
+from loadtests.common.options import setup_logging
+from loadtests.harness.baseline import Baseline, checkout, import_origins
+from loadtests.harness.procs import GatewayProcess, SimProcess
+from loadtests.harness.proxied import gateway_config, small_body, stream_body
 
 PROFILE = "instant"
 KINDS = ("small", "stream")
@@ -295,3 +291,25 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
     ]
     opts.out.with_suffix(".md").write_text("\n".join(md))
     console.print(f"wrote {opts.out}, {opts.out.with_suffix('.md')}")
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    baseline: Annotated[
+        str, typer.Option("--baseline", metavar="REF", help="Git ref whose gateway is compared.")
+    ] = "HEAD",
+    requests: Annotated[
+        int, typer.Option(min=1, help="Counted requests per kind and round.")
+    ] = 400,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (a fresh process each).")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON results; the .md is written next to it.")] = Path(
+        "docs/results/instructions.json"
+    ),
+) -> None:
+    """The gateway's CPU per request as instructions counted by valgrind's callgrind (exact
+    where timings drift), against the gateway of another commit: small requests and streams."""
+
+    setup_logging("warning")
+    run(Options(baseline=baseline, requests=requests, rounds=rounds, out=out))

@@ -36,11 +36,8 @@ import json
 import math
 import os
 import platform
-import re
 import shlex
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,9 +45,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal
 
-import aiohttp
+import typer
 import yaml
 from rich.console import Console
 from rich.progress import (
@@ -64,17 +61,38 @@ from rich.progress import (
 from rich.table import Table
 
 from engines.sim.profile import load_profile
-from loadtests.client import Result, stream_completion
-from loadtests.nginx import NginxProcess, nginx_binary
-from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds
-from loadtests.summarize import json_safe, percentile
+from loadtests.common.options import setup_logging
+from loadtests.common.report import OutputPaths, finish_markdown, save
+from loadtests.common.stats import Added, Cpu, Samples, Stat, cpu_of, json_safe, ms, ratio, rotation
+from loadtests.harness.baseline import (
+    Baseline,
+    baseline_gateway,
+    checkout,
+    code_folder,
+    git,
+    import_origins,
+)
+from loadtests.harness.client import event_loop_runner
+from loadtests.harness.nginx import NginxProcess, nginx_binary
+from loadtests.harness.procs import GatewayProcess, SimProcess
+from loadtests.harness.proxied import (
+    PROFILE,
+    SSE_TOKENS,
+    STREAM_TOKENS,
+    Target,
+    closed_small,
+    closed_ttft,
+    count_events,
+    gateway_config,
+    paced_small,
+    parse_wrk,
+    small_body,
+    stream_body,
+    wrk_script,
+)
 
-PROFILE = "instant"
 TARGETS = ("direct", "nginx", "gateway")
 PROXIES = ("nginx", "gateway")  # plus the baseline's gateway, `gateway@<sha>`, when there is one
-JSON_HEADERS = {"Content-Type": "application/json"}
-STREAM_TOKENS = 32
-SSE_TOKENS = 64
 
 # The targets the verdict is judged against (per gateway worker).
 MAX_ADDED_P50_MS = 1.0
@@ -85,24 +103,10 @@ MIN_CHUNKS_PER_S = 20000.0
 # Against a baseline commit: no worse than 5% above it.
 MAX_BASELINE_RATIO = 1.05
 
-# The repository whose commits a baseline ref names.
-REPO = Path(__file__).resolve().parents[1]
 
 Part = Literal["latency", "ttft", "wrk-small", "wrk-sse"]
 
 
-class OutputPaths:
-    """A bench's report files: its JSON (`out`), and its markdown and chart beside it."""
-
-    out: Path
-
-    @property
-    def markdown_path(self) -> Path:
-        return self.out.with_suffix(".md")
-
-    @property
-    def chart_path(self) -> Path:
-        return self.out.with_suffix(".png")
 
 
 @dataclass(frozen=True)
@@ -128,118 +132,22 @@ class Options(OutputPaths):
 # --- statistics ---------------------------------------------------------------------------
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 and not math.isnan(a) else math.nan
 
 
-def _median(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
 
 
 def is_proxy(name: str) -> bool:
     return name in PROXIES or name.startswith("gateway@")
 
 
-def _cpu(pids: Sequence[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(pid)
-    return total
 
 
-@dataclass
-class Samples:
-    """Latencies (seconds) of one measurement on one target (one round, or pooled over rounds)."""
-
-    values: list[float] = field(default_factory=list)
-    errors: int = 0
-    wall_s: float = 0.0  # time from the first scheduled start to the last answer, summed
-    cpu_s: float = 0.0  # CPU the serving process(es) used over the same window
-
-    def add(self, ok: bool, latency: float) -> None:
-        if ok:
-            self.values.append(latency)
-        else:
-            self.errors += 1
-
-    @property
-    def completed(self) -> int:
-        """Requests answered in the window, errors included: they cost CPU too."""
-        return len(self.values) + self.errors
-
-    @classmethod
-    def pool(cls, rounds: Sequence[Samples]) -> Samples:
-        out = cls()
-        for s in rounds:
-            out.values += s.values
-            out.errors += s.errors
-            out.wall_s += s.wall_s
-            out.cpu_s += s.cpu_s
-        return out
 
 
-@dataclass(frozen=True)
-class Stat:
-    n: int
-    errors: int
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-    achieved_rps: float
-
-    @classmethod
-    def of(cls, s: Samples) -> Stat:
-        ms = [v * 1000 for v in s.values]
-        return cls(
-            n=len(ms),
-            errors=s.errors,
-            p50_ms=percentile(ms, 50),
-            p99_ms=percentile(ms, 99),
-            mean_ms=sum(ms) / len(ms) if ms else math.nan,
-            achieved_rps=(len(ms) + s.errors) / s.wall_s if s.wall_s > 0 else math.nan,
-        )
 
 
-@dataclass(frozen=True)
-class Added:
-    """A proxy's percentiles minus direct's (ms), and divided by them."""
-
-    p50_ms: float
-    p99_ms: float
-    p50_ratio: float
-    p99_ratio: float
-
-    @classmethod
-    def of(cls, proxy: Stat, direct: Stat) -> Added:
-        return cls(
-            p50_ms=proxy.p50_ms - direct.p50_ms,
-            p99_ms=proxy.p99_ms - direct.p99_ms,
-            p50_ratio=_ratio(proxy.p50_ms, direct.p50_ms),
-            p99_ratio=_ratio(proxy.p99_ms, direct.p99_ms),
-        )
 
 
-@dataclass(frozen=True)
-class Cpu:
-    """CPU of the serving process per completed request (ms): per round, and their median (the
-    rounds run at different moments of a shared machine: the median resists one bad round)."""
-
-    ms_per_request: float
-    rounds: list[float]
-    cpu_s: float  # summed over rounds
-    requests: int  # completed, summed over rounds
-
-    @classmethod
-    def of(cls, rounds: Sequence[Samples]) -> Cpu:
-        per = [_ratio(1000 * s.cpu_s, s.completed) for s in rounds]
-        return cls(
-            ms_per_request=_median(per),
-            rounds=per,
-            cpu_s=sum(s.cpu_s for s in rounds),
-            requests=sum(s.completed for s in rounds),
-        )
 
 
 @dataclass(frozen=True)
@@ -297,21 +205,6 @@ class Verdict:
         return {True: "MET", False: "NOT MET", None: "NOT MEASURED"}[self.met]
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """A commit's code extracted into a folder, and how its gateway is started from there."""
-
-    ref: str
-    sha: str
-    short: str
-    folder: str
-    module: (
-        str  # `python -m MODULE serve ...`: `tiergate`, or `gateway.serve.cli` before it existed
-    )
-
-    @property
-    def name(self) -> str:
-        return f"gateway@{self.short}"
 
 
 @dataclass(frozen=True)
@@ -346,7 +239,7 @@ class Comparison:
             return [p - d for p, d in zip(cell.round_p50_ms[name], direct, strict=True)]
 
         def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
-            return [_ratio(x, y) for x, y in zip(a, b, strict=True)]
+            return [ratio(x, y) for x, y in zip(a, b, strict=True)]
 
         a_new, a_old = added_rounds(new), added_rounds(old)
         c_new, c_old = cell.cpu[new], cell.cpu[old]
@@ -359,13 +252,13 @@ class Comparison:
             errors_old=cell.stats[old].errors,
             added_p50_new_ms=cell.added[new].p50_ms,
             added_p50_old_ms=cell.added[old].p50_ms,
-            added_p50_ratio=_ratio(cell.added[new].p50_ms, cell.added[old].p50_ms),
+            added_p50_ratio=ratio(cell.added[new].p50_ms, cell.added[old].p50_ms),
             added_p50_rounds_new=a_new,
             added_p50_rounds_old=a_old,
             added_p50_round_ratios=ratios(a_new, a_old),
             cpu_new_ms=c_new.ms_per_request,
             cpu_old_ms=c_old.ms_per_request,
-            cpu_ratio=_ratio(c_new.ms_per_request, c_old.ms_per_request),
+            cpu_ratio=ratio(c_new.ms_per_request, c_old.ms_per_request),
             cpu_rounds_new=c_new.rounds,
             cpu_rounds_old=c_old.rounds,
             cpu_round_ratios=ratios(c_new.rounds, c_old.rounds),
@@ -416,121 +309,20 @@ class Report:
 # --- targets --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Target:
-    name: str
-    url: str
-    server_pids: Callable[[], list[int]]  # where the serving happens, for CPU accounting
-    source: str | None = None  # gateways: the folder their code was imported from
-    log: Path | None = None  # gateways: what they logged, quoted when requests failed
 
 
-def _git(*args: str) -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {shlex.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
 
 
-@contextlib.contextmanager
-def checkout(ref: str, into: Path) -> Iterator[Baseline]:
-    """`ref`'s files (git archive: the repository and its worktrees are left untouched) in a
-    folder under `into`, removed on the way out whatever happens."""
-    sha = _git("rev-parse", "--verify", "--end-of-options", f"{ref}^{{commit}}")
-    short = _git("rev-parse", "--short", sha)
-    root = (into / f"baseline-{short}").resolve()
-    root.mkdir()
-    try:
-        tar = into / f"baseline-{short}.tar"
-        _git("archive", "--format=tar", f"--output={tar}", sha)
-        untar = subprocess.run(
-            ["tar", "-x", "-f", str(tar), "-C", str(root)], capture_output=True, text=True
-        )
-        tar.unlink()
-        if untar.returncode != 0:
-            raise RuntimeError(f"extracting {ref} ({short}) failed: {untar.stderr.strip()}")
-        # The entry point of the day: the composed `tiergate` package, else the gateway's own CLI
-        # (the layout before the package existed).
-        module = "tiergate" if (root / "tiergate" / "__main__.py").exists() else "gateway.serve.cli"
-        yield Baseline(ref=ref, sha=sha, short=short, folder=str(root), module=module)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def import_origins(
-    modules: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None
-) -> dict[str, Path]:
-    """Where this interpreter imports `modules` from, run with the given cwd and environment
-    (which is how a launcher will run it): the proof of which code a gateway target runs."""
-    code = "import importlib as i, sys\nfor m in sys.argv[1:]: print(i.import_module(m).__file__)"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *modules],
-        cwd=cwd,
-        env={**os.environ, **env} if env else None,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"importing {', '.join(modules)} failed:\n{proc.stderr[-2000:]}")
-    return {m: Path(line) for m, line in zip(modules, proc.stdout.splitlines(), strict=True)}
 
 
-def _code_folder(origins: dict[str, Path]) -> Path:
-    """The folder the packages were imported from (`<folder>/gateway/__init__.py`)."""
-    folders = {o.resolve().parents[1] for o in origins.values()}
-    if len(folders) != 1:
-        raise RuntimeError(f"packages imported from several folders: {origins}")
-    return folders.pop()
 
 
-@dataclass
-class BaselineGatewayProcess(GatewayProcess):
-    """`serve` of the baseline's code: cwd and PYTHONPATH are its folder, so that every import
-    (gateway, engines, ...) resolves there before the working tree's editable install."""
-
-    root: Path | None = None
-    module: str = "gateway.serve.cli"
-
-    def command(self) -> list[str]:
-        assert self.root is not None
-        # `env -C` sets the cwd (which `python -m` puts first on sys.path): the launcher itself
-        # starts every process in this one's cwd. exec keeps the pid, which the CPU is read from.
-        return ["env", "-C", str(self.root), sys.executable, "-m", self.module, *self.argv()]
 
 
-@contextlib.contextmanager
-def baseline_gateway(baseline: Baseline, config: Path, log: Path) -> Iterator[Target]:
-    root = Path(baseline.folder)
-    env = {"PYTHONPATH": str(root)}
-    entry = baseline.module.split(".")[0]
-    origins = import_origins(sorted({"gateway", entry}), cwd=root, env=env)
-    if (folder := _code_folder(origins)) != root:
-        raise RuntimeError(f"{baseline.name} would import its code from {folder}, not {root}")
-    with BaselineGatewayProcess(
-        config=config, log=log, env=env, root=root, module=baseline.module
-    ) as gw:
-        # The process that serves, not only the probe, runs from the extracted folder.
-        cwd = Path(os.readlink(f"/proc/{gw.pid}/cwd"))
-        if cwd != root:
-            raise RuntimeError(f"{baseline.name} runs in {cwd}, not in {root}")
-        yield Target(baseline.name, gw.url, lambda: [gw.pid], str(folder), log)
 
 
-def gateway_config(sim_url: str, model: str) -> dict[str, Any]:
-    return {
-        "tiers": [
-            {
-                "name": "pool",
-                "role": "throughput",
-                "backends": [{"url": sim_url, "models": [model]}],
-            }
-        ],
-        "log_level": "warning",
-    }
 
 
 @contextlib.contextmanager
@@ -558,7 +350,7 @@ def running_targets(
         config = workdir / "gateway.yaml"
         config.write_text(yaml.safe_dump(gateway_config(sim.url, model)))
         # Probed with this process's cwd and environment, which the launcher passes on.
-        source = _code_folder(import_origins(["gateway"]))
+        source = code_folder(import_origins(["gateway"]))
         log = workdir / "gateway.log"
         gw = stack.enter_context(GatewayProcess(config=config, log=log))
         targets.append(Target("gateway", gw.url, lambda: [gw.pid], str(source), log))
@@ -571,160 +363,29 @@ def running_targets(
 # --- load generators ------------------------------------------------------------------------
 
 
-def small_body(model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": "hello", "max_tokens": 4, "ignore_eos": True}
 
 
-def stream_body(model: str, tokens: int, usage: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {**small_body(model), "max_tokens": tokens, "stream": True}
-    if usage:
-        body["stream_options"] = {"include_usage": True}
-    return body
 
 
-def _session(connections: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=connections),
-        timeout=aiohttp.ClientTimeout(total=60, sock_connect=5),
-    )
 
 
-async def post_ok(session: aiohttp.ClientSession, url: str, payload: bytes) -> bool:
-    try:
-        async with session.post(url, data=payload, headers=JSON_HEADERS) as resp:
-            await resp.read()
-            return resp.status == 200
-    except (TimeoutError, aiohttp.ClientError):
-        return False
 
 
-async def _warm(session: aiohttp.ClientSession, url: str, payload: bytes, n: int) -> None:
-    """Open the pool's connections before timing: connection setup is not the per-request cost
-    a keep-alive client pays."""
-    await asyncio.gather(*(post_ok(session, url, payload) for _ in range(n)))
 
 
-async def closed_small(
-    url: str, payload: bytes, connections: int, duration_s: float, pids: Sequence[int] = ()
-) -> Samples:
-    """`connections` users, each sending its next request as soon as the last one answered.
-    The CPU of `pids` is counted over the timed window (after the warm-up)."""
-    out = Samples()
-    async with _session(connections) as session:
-        await _warm(session, url, payload, connections)
-        cpu0 = _cpu(pids)
-        start = time.perf_counter()
-        deadline = start + duration_s
-
-        async def user() -> None:
-            while (t0 := time.perf_counter()) < deadline:
-                ok = await post_ok(session, url, payload)
-                out.add(ok, time.perf_counter() - t0)
-
-        await asyncio.gather(*(user() for _ in range(connections)))
-        out.wall_s = time.perf_counter() - start
-        out.cpu_s = _cpu(pids) - cpu0
-    return out
 
 
-async def paced_small(
-    url: str,
-    payload: bytes,
-    connections: int,
-    rate: float,
-    duration_s: float,
-    pids: Sequence[int] = (),
-) -> Samples:
-    """Open loop: `rate` requests/s in all, connection c sending at c/rate + k*connections/rate.
-    Each latency is measured from the scheduled start, so a request that starts late because the
-    previous one on its connection (or the client) was slow is charged for the wait."""
-    out = Samples()
-    period = connections / rate
-    async with _session(connections) as session:
-        await _warm(session, url, payload, connections)
-        cpu0 = _cpu(pids)
-        start = time.perf_counter() + 0.005
-        ends: list[float] = [start]
-
-        async def pacer(c: int) -> None:
-            due = start + c / rate
-            while due < start + duration_s:
-                if (delay := due - time.perf_counter()) > 0:
-                    await asyncio.sleep(delay)
-                ok = await post_ok(session, url, payload)
-                end = time.perf_counter()
-                out.add(ok, end - due)
-                ends.append(end)
-                due += period
-
-        await asyncio.gather(*(pacer(c) for c in range(connections)))
-        out.wall_s = max(ends) - start
-        out.cpu_s = _cpu(pids) - cpu0
-    return out
 
 
-async def closed_ttft(
-    url: str, body: dict[str, Any], connections: int, duration_s: float, pids: Sequence[int] = ()
-) -> Samples:
-    """`connections` streaming users in a closed loop; a sample is one stream's TTFT."""
-    out = Samples()
-    async with _session(connections) as session:
-        await asyncio.gather(
-            *(stream_completion(session, url, body, Result(u, 0, time.perf_counter()))
-              for u in range(connections))
-        )  # fmt: skip
-        cpu0 = _cpu(pids)
-        start = time.perf_counter()
-        deadline = start + duration_s
-
-        async def user(u: int) -> None:
-            i = 0
-            while time.perf_counter() < deadline:
-                i += 1
-                r = await stream_completion(session, url, body, Result(u, i, time.perf_counter()))
-                out.add(r.ok and r.ttft is not None, r.ttft or 0.0)
-
-        await asyncio.gather(*(user(u) for u in range(connections)))
-        out.wall_s = time.perf_counter() - start
-        out.cpu_s = _cpu(pids) - cpu0
-    return out
 
 
-async def count_events(url: str, body: dict[str, Any]) -> int:
-    """The `data:` events of one streamed response (text chunks, finish, `[DONE]`)."""
-    async with _session(1) as session, session.post(url, json=body) as resp:
-        text = await resp.text()
-        if resp.status != 200:
-            raise RuntimeError(f"{url} answered {resp.status}: {text[:200]}")
-    return sum(1 for line in text.splitlines() if line.startswith("data:"))
 
 
 # --- wrk ------------------------------------------------------------------------------------
 
 
-def wrk_script(body: dict[str, Any]) -> str:
-    # A Lua long string needs no escaping of the JSON inside it.
-    return (
-        'wrk.method = "POST"\n'
-        f"wrk.body = [==[{json.dumps(body)}]==]\n"
-        'wrk.headers["Content-Type"] = "application/json"\n'
-    )
 
 
-def parse_wrk(output: str) -> tuple[float, int, int]:
-    """(requests/s, requests, errors) from wrk's report; errors = non-2xx + socket errors."""
-    rps = re.search(r"Requests/sec:\s*([\d.]+)", output)
-    if rps is None:
-        raise RuntimeError(f"no Requests/sec in wrk's output:\n{output}")
-    total = re.search(r"(\d+) requests in", output)
-    errors = 0
-    if m := re.search(r"Non-2xx or 3xx responses:\s*(\d+)", output):
-        errors += int(m.group(1))
-    if m := re.search(
-        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
-    ):
-        errors += sum(int(g) for g in m.groups())
-    return float(rps.group(1)), int(total.group(1)) if total else 0, errors
 
 
 async def run_wrk(
@@ -735,7 +396,7 @@ async def run_wrk(
     cmd = [binary, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
            *([f"--timeout={timeout_s}s"] if timeout_s else []),
            target.url + "/v1/completions"]  # fmt: skip
-    c0, t0 = _cpu(pids), time.perf_counter()
+    c0, t0 = cpu_of(pids), time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -745,7 +406,7 @@ async def run_wrk(
         if proc.returncode is None:  # cancelled (Ctrl-C): do not leave wrk running
             proc.kill()
             await proc.wait()
-    cpu_s = _cpu(pids) - c0
+    cpu_s = cpu_of(pids) - c0
     cores = cpu_s / (time.perf_counter() - t0)
     output = stdout.decode(errors="replace")
     if proc.returncode != 0:
@@ -772,10 +433,6 @@ class Cell:
         }[self.part]
 
 
-def rotation(names: Sequence[str], r: int) -> list[str]:
-    """Round r's order: the list rotated by r, so every target takes every slot in turn."""
-    k = r % len(names)
-    return [*names[k:], *names[:k]]
 
 
 @dataclass
@@ -912,7 +569,7 @@ def baseline_verdicts(report: Report) -> tuple[list[Verdict], list[str]]:
         comp = by_conns.get(conns)
         if comp is None:
             continue
-        for what, new, old, ratio, per_round in (
+        for what, new, old, times, per_round in (
             ("CPU ms/request", comp.cpu_new_ms, comp.cpu_old_ms, comp.cpu_ratio,
              comp.cpu_round_ratios),
             ("added p50", comp.added_p50_new_ms, comp.added_p50_old_ms, comp.added_p50_ratio,
@@ -925,8 +582,8 @@ def baseline_verdicts(report: Report) -> tuple[list[Verdict], list[str]]:
                 Verdict(
                     name,
                     f"<= {MAX_BASELINE_RATIO:g}x baseline",
-                    f"{_ratio_x(ratio)} ({_ms(new)} vs {_ms(old)} ms; per round {rounds})",
-                    None if math.isnan(ratio) else ratio <= MAX_BASELINE_RATIO,
+                    f"{_ratio_x(times)} ({ms(new, 3)} vs {ms(old, 3)} ms; per round {rounds})",
+                    None if math.isnan(times) else times <= MAX_BASELINE_RATIO,
                 )
             )
             finite = [r for r in per_round if not math.isnan(r)]
@@ -1030,14 +687,6 @@ def bound_notes(report: Report) -> list[str]:
     return notes
 
 
-def event_loop_runner() -> asyncio.Runner:
-    # The gateway and the simulator run on uvloop; so does the client when it can, so that the
-    # client's share of the (shared) CPU stays as small as possible.
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.Runner()
-    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
 
 
 def run(opts: Options, console: Console | None = None) -> Report:
@@ -1064,7 +713,7 @@ def run(opts: Options, console: Console | None = None) -> Report:
             with console.status("starting the simulator, nginx and the gateways..."):
                 if opts.baseline is not None:
                     baseline = stack.enter_context(checkout(opts.baseline, workdir))
-                    if baseline.sha == _git("rev-parse", "HEAD"):
+                    if baseline.sha == git("rev-parse", "HEAD"):
                         notes.append(
                             f"the baseline {baseline.name} is HEAD: unless the working tree "
                             "changed the gateway, both gateways run the same code and their "
@@ -1096,10 +745,6 @@ def run(opts: Options, console: Console | None = None) -> Report:
 # --- output ---------------------------------------------------------------------------------
 
 
-def _ms(v: float) -> str:
-    return "-" if math.isnan(v) else f"{v:.3f}"
-
-
 def _x(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}x"
 
@@ -1119,20 +764,24 @@ def latency_rows(cells: list[LatencyCell], with_rate: bool) -> tuple[list[str], 
             a = cell.added.get(name)
             row = [str(cell.concurrency), cell.load, name, str(s.n), str(s.errors)]
             row += [f"{s.achieved_rps:,.0f}"] if with_rate else []
-            row += [_ms(s.p50_ms), _ms(s.p99_ms)]
+            row += [ms(s.p50_ms, 3), ms(s.p99_ms, 3)]
             row += (
                 [_signed(a.p50_ms), _signed(a.p99_ms), _x(a.p50_ratio), _x(a.p99_ratio)]
                 if a
                 else ["", "", "", ""]
             )
             cpu = cell.cpu[name]
-            row += [_ms(cpu.ms_per_request), _per_round(cpu.rounds)]
+            row += [ms(cpu.ms_per_request, 3), _per_round(cpu.rounds)]
             rows.append(row)
     return head, rows
 
 
+def _ms3(v: float) -> str:
+    return ms(v, 3)
+
+
 def _per_round(values: Sequence[float], fmt: Callable[[float], str] | None = None) -> str:
-    return " / ".join((fmt or _ms)(v) for v in values)
+    return " / ".join((fmt or _ms3)(v) for v in values)
 
 
 def baseline_rows(report: Report, what: Literal["added p50", "cpu"]) -> list[list[str]]:
@@ -1146,7 +795,7 @@ def baseline_rows(report: Report, what: Literal["added p50", "cpu"]) -> list[lis
             rounds = (c.added_p50_rounds_new, c.added_p50_rounds_old, c.added_p50_round_ratios)
         rows.append([
             str(c.concurrency), c.load, f"{c.n_new} / {c.n_old}",
-            f"{c.errors_new} / {c.errors_old}", _ms(figures[0]), _ms(figures[1]),
+            f"{c.errors_new} / {c.errors_old}", ms(figures[0], 3), ms(figures[1], 3),
             _ratio_x(figures[2]), _per_round(rounds[0]), _per_round(rounds[1]),
             _per_round(rounds[2], _ratio_x),
         ])  # fmt: skip
@@ -1182,10 +831,10 @@ def wrk_rows(report: Report) -> tuple[list[str], list[list[str]]]:
             rows.append([
                 test, name, f"{w.requests:,}", str(w.errors), f"{w.requests_per_s:,.0f}",
                 " / ".join(f"{v:,.0f}" for v in w.rounds), f"{w.server_cpu_cores:.2f}",
-                f"{_ratio(w.requests_per_s, w.server_cpu_cores):,.0f}",
+                f"{ratio(w.requests_per_s, w.server_cpu_cores):,.0f}",
                 "" if w.events_per_response is None else str(w.events_per_response),
                 "" if w.chunks_per_s is None else f"{w.chunks_per_s:,.0f}",
-                "" if name == "direct" else _x(_ratio(w.requests_per_s, direct)),
+                "" if name == "direct" else _x(ratio(w.requests_per_s, direct)),
             ])  # fmt: skip
     return head, rows
 
@@ -1222,77 +871,16 @@ def print_report(report: Report, console: Console) -> None:
         console.print(f"[yellow]note:[/] {note}")
 
 
-def markdown_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
-Section = tuple[str, list[str], list[list[str]]]  # title, header, rows
 
 
-def run_header(command: str, options: dict[str, Any], drop: Sequence[str]) -> dict[str, Any]:
-    """What opens a report: the command, the date, the machine, and the run's `options` less
-    those in `drop` (paths as text)."""
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()
-                if k not in drop}  # fmt: skip
-    return {
-        "command": command,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "nproc": os.cpu_count() or 0,
-        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
-        "settings": settings,
-    }
 
 
-@dataclass
-class JsonReport:
-    """A report kept as the JSON it is written as (what `save` writes), with its notes."""
-
-    data: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.notes = self.data["notes"]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.data
 
 
-def print_tables(sections: Sequence[Section], console: Console, left: Sequence[str]) -> None:
-    """Each section as a rich table (columns named in `left` aligned left, the rest right;
-    a "Goals" section's rows coloured by their verdict); sections "Each round..." are left to
-    the markdown. Then the goals' verdicts, one line each."""
-    styles = {"MET": "bold green", "NOT MET": "bold red"}
-    for title, head, rows in sections:
-        if title.startswith("Each round"):
-            continue
-        table = Table(title=title)
-        for h in head:
-            table.add_column(h, justify="left" if h in left else "right")
-        for row in rows:
-            table.add_row(*row, style=styles.get(row[-1]) if title == "Goals" else None)
-        console.print(table)
-    for title, _, rows in sections:
-        if title == "Goals":
-            for goal, measured, word in rows:
-                console.print(f"[{styles.get(word, '')}]{word}[/]: {goal} ({measured})")
 
 
-def finish_markdown(
-    parts: list[str],
-    notes: Sequence[str],
-    sections: Sequence[Section],
-    chart: tuple[Path, str] | None,
-) -> str:
-    """A report's markdown: its opening `parts`, then its notes, its sections as tables and
-    its chart (file, caption) when there is one."""
-    parts = [*parts, *(f"- Note: {n}" for n in notes)]
-    for title, head, rows in sections:
-        parts += ["", f"## {title}", "", markdown_table(head, rows)]
-    if chart is not None:
-        parts += ["", f"![{chart[1]}]({chart[0].name})"]
-    return "\n".join(parts) + "\n"
 
 
 def markdown(report: Report, chart: Path | None) -> str:
@@ -1381,53 +969,50 @@ def chart(report: Report, path: Path) -> None:
     plt.close(fig)
 
 
-class Written(Protocol):
-    """A benchmark's report as `save` writes it: JSON, markdown, and a chart when it can."""
-
-    notes: list[str]
-
-    def to_json(self) -> dict[str, Any]: ...
 
 
-class Destinations(Protocol):
-    @property
-    def out(self) -> Path: ...
-
-    @property
-    def chart(self) -> bool: ...
-
-    @property
-    def markdown_path(self) -> Path: ...
-
-    @property
-    def chart_path(self) -> Path: ...
 
 
-R = TypeVar("R", bound=Written)
 
 
-def save(
-    report: R,
-    opts: Destinations,
-    console: Console,
-    draw: Callable[[R, Path], None],
-    render: Callable[[R, Path | None], str],
-) -> None:
-    """Write `report` where `opts` say: its chart (`draw`, skipped with a note without
-    matplotlib), its JSON and its markdown (`render`, given the chart's path)."""
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    png: Path | None = None
-    if opts.chart:
-        try:
-            draw(report, opts.chart_path)
-            png = opts.chart_path
-        except ImportError:
-            report.notes.append("chart skipped: matplotlib is not installed (extra `load`)")
-    opts.out.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    opts.markdown_path.write_text(render(report, png))
-    written = [opts.out, opts.markdown_path, *([png] if png else [])]
-    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
 def write_outputs(report: Report, opts: Options, console: Console) -> None:
     save(report, opts, console, chart, markdown)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    duration: Annotated[
+        float, typer.Option(help="Seconds per target per round, for each latency/TTFT cell.")
+    ] = 3.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (targets in rotating order).")] = 3,
+    rate: Annotated[
+        float, typer.Option(min=1, help="Aggregate req/s of the paced load at 64/256 conns.")
+    ] = 400.0,
+    wrk_seconds: Annotated[
+        int, typer.Option(min=0, help="wrk run length per target per round (0 skips wrk).")
+    ] = 5,
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/overhead.json"),
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="REF",
+            help="Git ref (commit, tag, HEAD~3) whose gateway runs side by side with the working "
+            "tree's, as target gateway@<sha>; adds a gateway-vs-baseline section (CPU/request and "
+            "added p50, criterion: no worse than 5% above).",
+        ),
+    ] = None,
+) -> None:
+    """The gateway's own cost: added latency, added TTFT and throughput of one gateway worker,
+    against the same instant simulator called directly and through nginx (the floor), and
+    optionally against the gateway of another commit."""
+
+    setup_logging("warning")
+    run(Options(duration_s=duration, rounds=rounds, rate=rate, wrk_seconds=wrk_seconds, out=out,
+                baseline=baseline))  # fmt: skip

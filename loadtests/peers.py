@@ -4,7 +4,8 @@ One `instant` simulator (no model time) sits behind every target: `direct` (the 
 itself), `nginx` (the floor of any proxy hop), `tiergate` (`tiergate serve`, one worker, one tier
 holding the simulator), `tiergate-2w` (`tiergate serve --workers 2`, where that option exists),
 `vllm-router` (vLLM's router, Rust), `smg` (SGLang's model gateway, Rust) and `litellm` (LiteLLM's
-proxy, Python). The peers run from a virtual environment of their own (loadtests/peerenv.py),
+proxy, Python). The peers run from a virtual environment of their own
+(loadtests/harness/peerenv.py),
 installed on first use; a peer that cannot be installed or started is left out with a note.
 
 The measurements are `tiergate bench overhead`'s, from the same functions, on every target in
@@ -31,7 +32,6 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,9 +39,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
+import typer
 import yaml
 from rich.console import Console
 from rich.progress import (
@@ -56,26 +57,24 @@ from rich.table import Table
 
 from engines.sim.profile import load_profile
 from loadtests import overhead
-from loadtests.nginx import NginxProcess, nginx_binary
-from loadtests.overhead import (
+from loadtests.common.options import PEERS_VENV_HELP, known, setup_logging, without
+from loadtests.common.report import OutputPaths, finish_markdown, save
+from loadtests.common.stats import Cpu, Samples, Stat, json_safe, median, ratio
+from loadtests.harness.baseline import REPO
+from loadtests.harness.client import event_loop_runner
+from loadtests.harness.nginx import NginxProcess, nginx_binary
+from loadtests.harness.peerenv import PEERS, PeerProcess, default_venv, ensure, process_tree, scrub
+from loadtests.harness.procs import GatewayProcess, SimProcess, free_port
+from loadtests.harness.proxied import (
     PROFILE,
     SSE_TOKENS,
-    Cpu,
-    OutputPaths,
-    Raw,
-    Samples,
-    Stat,
     Target,
-    Verdict,
-    event_loop_runner,
     gateway_config,
     small_body,
     stream_body,
     wrk_script,
 )
-from loadtests.peerenv import PEERS, PeerProcess, default_venv, ensure, process_tree, scrub
-from loadtests.procs import GatewayProcess, SimProcess, free_port
-from loadtests.summarize import json_safe
+from loadtests.overhead import Raw, Verdict
 
 DIRECT = "direct"
 GATEWAY = "tiergate"
@@ -146,15 +145,6 @@ class Options(OutputPaths):
     out: Path = Path("docs/results/peers.json")
     chart: bool = True
     command: str | None = None
-
-
-def median(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b > 0 and not math.isnan(a) else math.nan
 
 
 @dataclass(frozen=True)
@@ -246,7 +236,7 @@ def _version(cmd: Sequence[str]) -> str | None:
 
 def tiergate_version() -> str:
     """The commit the gateway ran from, marked when the working tree changed its code."""
-    repo = overhead.REPO
+    repo = REPO
     sha = _version(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
     if sha is None:
         return "unknown commit"
@@ -724,7 +714,7 @@ def markdown(report: Report, chart_file: Path | None) -> str:
         "tiergate ahead of LiteLLM on every figure.",
     ]
     chart = None if chart_file is None else (chart_file, "latency, throughput and CPU per target")
-    return overhead.finish_markdown(parts, report.notes, sections(report), chart)
+    return finish_markdown(parts, report.notes, sections(report), chart)
 
 
 def chart(report: Report, path: Path) -> None:
@@ -772,4 +762,83 @@ def chart(report: Report, path: Path) -> None:
 
 
 def write_outputs(report: Report, opts: Options, console: Console) -> None:
-    overhead.save(report, opts, console, chart, markdown)
+    save(report, opts, console, chart, markdown)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _peer_targets(names: list[str] | None) -> list[str] | None:
+    from loadtests.peers import TARGETS
+
+    return known(names, TARGETS)
+
+
+def command(
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (targets in rotating order).")] = 3,
+    duration: Annotated[
+        float, typer.Option(min=0.1, help="Seconds per latency cell per target per round.")
+    ] = 3.0,
+    rate: Annotated[
+        float, typer.Option(min=1, help="Aggregate req/s of the paced load at 64 connections.")
+    ] = 400.0,
+    wrk_seconds: Annotated[
+        int, typer.Option(min=0, help="Each wrk run (small, SSE) per target per round; 0 skips.")
+    ] = 5,
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_peer_targets,
+            help="Targets to run; repeat for several (default all: direct, nginx, tiergate, "
+            "tiergate-2w, vllm-router, smg, litellm). direct always runs: it is the reference.",
+        ),
+    ] = None,
+    peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,
+    install: Annotated[
+        bool,
+        typer.Option(
+            help="Install missing peers (pip, into the peers' venv, one package at a time); "
+            "--no-install skips them with a note instead."
+        ),
+    ] = True,
+    peer_policy: Annotated[
+        str,
+        typer.Option(
+            help="vllm-router's and smg's --policy (one worker: it only costs; round_robin "
+            "costs least)."
+        ),
+    ] = "round_robin",
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/peers.json"),
+) -> None:
+    """tiergate against its peers as a proxy hop, in one run: vLLM's router (vllm-router),
+    SGLang's model gateway (smg), LiteLLM's proxy, nginx (the floor) and tiergate with one
+    worker and with --workers 2 (when `serve` has it), each in front of the same instant
+    simulator, called also directly. Per target, the median of the rounds: added latency p50/p99
+    at 1 and 64 connections, req/s at 64 connections (wrk), the proxy's CPU per request (all its
+    processes, over the wrk run), SSE tokens/s, errors and sample counts; ratios against
+    tiergate, and the goals (tiergate CPU/request <= 0.30 ms, added p50 at 1 connection <= 0.5
+    ms, ahead of LiteLLM on every figure) as MET / NOT MET. The peers live in a virtual
+    environment of their own, installed on first use; one that cannot be installed or started
+    is left out with a note. Every process is stopped at the end, on failure and on Ctrl-C."""
+    import sys
+
+    from loadtests.common.report import command_line
+    from loadtests.harness.peerenv import PEERS
+
+    choices = PEERS["vllm-router"].policies
+    if peer_policy not in choices:
+        raise typer.BadParameter(f"{peer_policy}: choose from {', '.join(choices)}")
+    setup_logging("warning")
+    opts = Options(
+        rounds=rounds, duration_s=duration, rate=rate, wrk_seconds=wrk_seconds,
+        targets=tuple(target or TARGETS), venv=peers_venv, install=install,
+        peer_policy=peer_policy, out=out,
+        command=command_line(without(sys.argv[1:], "--peers-venv")),
+    )  # fmt: skip
+    try:
+        run(opts)
+    except KeyboardInterrupt:  # the processes are stopped by then; no traceback for a Ctrl-C
+        typer.echo("interrupted: every process stopped, nothing written", err=True)
+        raise typer.Exit(130) from None

@@ -33,18 +33,21 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from engines.sim.profile import load_profile
 from gateway.routing import POLICY_NAMES, PolicyName
-from loadtests.deployments import DEPLOYMENTS
-from loadtests.peerenv import PEERS, PeerProcess, default_venv, ensure, scrub
-from loadtests.phases import SHAPES, PhaseStats, Run, Slo, phase_stats, run_phases
-from loadtests.stack import MODEL, Stack, add_gateway, start_stack
+from loadtests.common.options import PEERS_VENV_HELP, known, setup_logging
+from loadtests.common.stats import ms_of_s
+from loadtests.harness.deployments import DEPLOYMENTS
+from loadtests.harness.peerenv import PEERS, PeerProcess, default_venv, ensure, scrub
+from loadtests.harness.phases import SHAPES, PhaseStats, Run, Slo, phase_stats, run_phases
+from loadtests.harness.stack import MODEL, Stack, add_gateway, start_stack
 
 POLICIES = POLICY_NAMES
 GOLDEN: PolicyName = "golden-range"
@@ -381,9 +384,10 @@ def _print(console: Console, report: dict[str, Any], slo: Slo) -> None:
             for p, stats in data["policies"].items():
                 s = stats[i]
                 tiers = _tiers(s["by_tier"])
+                times = [ms_of_s(s[k], 0, " ms") for k in ("ttft_p50", "ttft_p99", "tpot_p50",
+                                                             "tpot_p99")]  # fmt: skip
                 t.add_row(str(i + 1), str(users), p, str(s["requests"]), str(s["errors"]),
-                          _ms(s["ttft_p50"]), _ms(s["ttft_p99"]), _ms(s["tpot_p50"]),
-                          _ms(s["tpot_p99"]), f"{s['tok_s']:.0f}", f"{s['goodput']:.2f}",
+                          *times, f"{s['tok_s']:.0f}", f"{s['goodput']:.2f}",
                           tiers, end_section=p == list(data["policies"])[-1])  # fmt: skip
         console.print(t)
         for line in _verdict_lines(data):
@@ -423,10 +427,6 @@ def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
         lines.append(f"whole run: {v['policy']} {v['ours']} SLO-met vs {v['peer']} "
                      f"{v['theirs']} (noise ±{v['noise']}): {b}{v['text']}{b}")  # fmt: skip
     return lines
-
-
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
@@ -513,12 +513,152 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
             for p, stats in data["policies"].items():
                 s = stats[i]
                 lines.append(
-                    f"| {i + 1} | {users} | {p} | {s['requests']} | {_ms(s['ttft_p50'])} "
-                    f"| {_ms(s['ttft_p99'])} | {_ms(s['tpot_p50'])} | "
-                    f"{_ms(s['tpot_p99'])} | {s['tok_s']:.0f} | {s['goodput']:.2f} | "
+                    f"| {i + 1} | {users} | {p} | {s['requests']} "
+                    f"| {ms_of_s(s['ttft_p50'], 0, ' ms')} "
+                    f"| {ms_of_s(s['ttft_p99'], 0, ' ms')} | {ms_of_s(s['tpot_p50'], 0, ' ms')} | "
+                    f"{ms_of_s(s['tpot_p99'], 0, ' ms')} | {s['tok_s']:.0f} | {s['goodput']:.2f} | "
                     f"{_tiers(s['by_tier'])} |"
                 )
         lines.append("")
         lines += [f"- {line}" for line in _verdict_lines(data, bold=True)]
         lines.append("")
     return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _policies(names: list[str] | None) -> list[str] | None:
+    return known(names, POLICY_NAMES)
+
+
+def _peer_specs(specs: list[str] | None) -> list[str] | None:
+    from loadtests.routing import peer_spec
+
+    for spec in specs or ():
+        try:
+            peer_spec(spec)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return specs
+
+
+def _deployments(values: list[str] | None) -> list[str] | None:
+    from loadtests.harness.deployments import DEPLOYMENTS
+
+    return known(values, tuple(DEPLOYMENTS))
+
+
+def _slo_classes(values: list[str] | None) -> list[str] | None:
+    from loadtests.harness.deployments import SLO_CLASSES
+
+    return known(values, tuple(SLO_CLASSES))
+
+
+def command(
+    phase_seconds: Annotated[float, typer.Option(help="Seconds per phase of each shape.")] = 15,
+    rounds: Annotated[int, typer.Option(help="Rounds (the policy order rotates each round).")] = 1,
+    shape: Annotated[
+        list[str] | None, typer.Option(help="Shapes to run: step, burst (default both).")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_policies,
+            help=f"Policies to compare (default all: {', '.join(POLICY_NAMES)}).",
+        ),
+    ] = None,
+    deployment: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_deployments,
+            help="Deployments (loadtests/harness/deployments.py): little, tutorial, a-lot, shift "
+            "(the "
+            "tutorial's A100 engines: EAGLE accepting little, as the tutorial, a lot, dropping "
+            "halfway), knee-32, knee-48, knee-64, knee-96, eagle-worse, two-latency, "
+            "unlike-pool (H200-like: EAGLE crossing AWQ at about that many streams, or never "
+            "helping, two EAGLE instances, an AWQ and a bf16 instance in the pool). Repeat for "
+            "several, each a report of its own (default: tutorial).",
+        ),
+    ] = None,
+    slo_class: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_slo_classes,
+            help="Run with every request in this SLO class: tight (TTFT <= 1 s, TPOT <= 4 ms), "
+            "interactive (<= 12 ms) or standard (<= 25 ms); repeat for several. Default: "
+            "--slo-ttft/--slo-tpot.",
+        ),
+    ] = None,
+    oracle_limit: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1,
+            help="Also run golden-range with the latency tier capped at exactly this many "
+            "streams (repeat to sweep: the best is the oracle the learned policy is judged by).",
+        ),
+    ] = None,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
+    slo_ttft: Annotated[float, typer.Option(help="TTFT SLO, seconds.")] = 1.0,
+    slo_tpot: Annotated[float, typer.Option(help="TPOT SLO, seconds.")] = 0.025,
+    out: Annotated[Path, typer.Option(help="Folder for routing*.md/.json/.png.")] = Path(
+        "docs/results"
+    ),
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_peer_specs,
+            metavar="ROUTER:POLICY",
+            help="Also run a peer router in front of the same engines (all of them as its "
+            "workers: it knows no tiers), e.g. vllm-router:power_of_two, smg:cache_aware; repeat "
+            "for several. The report is then routing-...-peers.*.",
+        ),
+    ] = None,
+    peers: Annotated[
+        bool,
+        typer.Option(
+            "--peers",
+            help="All four: vllm-router:power_of_two, vllm-router:cache_aware, smg:cache_aware, "
+            "smg:power_of_two.",
+        ),
+    ] = False,
+    peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,
+    install: Annotated[
+        bool, typer.Option(help="Install a missing peer router (--no-install: skip it).")
+    ] = True,
+) -> None:
+    """Compare the routing policies on simulated deployments (EAGLE-3 latency instances and
+    an AWQ pool, over HTTP): step and burst shapes, per phase TTFT/TPOT p50/p99, tok/s and
+    goodput; the learned policy against golden-range and the oracle (best fixed limit), and
+    optionally against peer routers (vLLM's router, SGLang's model gateway) and their
+    policies."""
+    from loadtests.harness.deployments import SLO_CLASSES
+    from loadtests.harness.phases import Slo
+
+    specs = tuple(dict.fromkeys([*(PEER_POLICIES if peers else ()), *(peer or ())]))
+    setup_logging("warning")
+    classes = {c: SLO_CLASSES[c] for c in slo_class or ()}
+    combos = [(d, c, s) for d in deployment or ["tutorial"]
+              for c, s in (classes or {"": Slo(slo_ttft, slo_tpot)}).items()]  # fmt: skip
+    for dep, cls, slo in combos:
+        # Only the default deployment and SLO write routing.*: a single other one must not
+        # overwrite it.
+        plain = dep == "tutorial" and not cls
+        name = "routing" if plain else "-".join(x for x in ("routing", dep, cls) if x)
+        name += "-peers" if specs else ""  # nor a run with peers
+        run(
+            shapes=tuple(shape or ("step", "burst")),
+            policies=tuple(policy or POLICIES),
+            phase_s=phase_seconds,
+            rounds=rounds,
+            speedup=speedup,
+            slo=slo,
+            out_dir=out,
+            deployment=dep,
+            oracle_limits=tuple(oracle_limit or ()),
+            name=name,
+            slo_class=cls,
+            peers=specs,
+            peers_venv=peers_venv,
+            install=install,
+        )

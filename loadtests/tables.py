@@ -22,9 +22,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -33,8 +34,9 @@ from engines.sim.profile import load_profile
 from engines.sim.virtual import closed_loop as virtual_loop
 from loadtests.calibrate import CellResult, Fidelity
 from loadtests.calibrate import run as calibrate
-from loadtests.client import prompt_of
-from loadtests.stack import MODEL, start_stack
+from loadtests.common.options import setup_logging
+from loadtests.harness.client import prompt_of
+from loadtests.harness.stack import MODEL, start_stack
 
 LABELS = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms/tok)", "e2e_s": "End-to-end (s)",
           "tok_s": "Throughput (tok/s)"}  # fmt: skip
@@ -310,3 +312,41 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
                   f"{r['p99_e2e_s']:.1f} s", str(r["failed"]),
                   f"{r['killed_at_s']:.0f} s" if r["killed_at_s"] else "-")  # fmt: skip
     console.print(t)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    version: Annotated[
+        list[str] | None, typer.Option(help="Versions to run (v0..v4; default all).")
+    ] = None,
+    v5: Annotated[bool, typer.Option(help="Also run the v5 cluster rows.")] = True,
+    v5_instances: Annotated[
+        list[int] | None, typer.Option(help="Cluster sizes for v5 (default 1, 3, 6).")
+    ] = None,
+    v5_seconds: Annotated[float, typer.Option(help="Seconds per v5 run.")] = 20.0,
+    requests_per_user: Annotated[
+        int | None, typer.Option(help="Closed-loop requests per user (first is warm-up).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Folder for tables.md/.json and the plots.")] = Path(
+        "docs/results"
+    ),
+) -> None:
+    """Reproduce the tutorial's tables (v0..v4, and v5's cluster rows) through the gateway
+    against the simulator profiles; report tutorial vs measured cell by cell, with plots."""
+    from rich.console import Console
+
+    setup_logging("warning")
+    console = Console()
+    report = run(
+        version or None,
+        out_dir=out,
+        v5=v5,
+        v5_instances=tuple(v5_instances or (1, 3, 6)),
+        v5_seconds=v5_seconds,
+        requests_per_user=requests_per_user,
+        console=console,
+    )
+    if report["v5"]:
+        print_summary(report, console)

@@ -49,7 +49,7 @@ def up(
     from gateway.config.settings import ConfigError, load_settings
     from gateway.observe.telemetry import setup_logging
     from gateway.serve.cli import run
-    from loadtests.procs import SimProcess
+    from loadtests.harness.procs import SimProcess
 
     console = Console(stderr=True)
     setup_logging(log_level, False)

@@ -4,8 +4,8 @@ reverse.
 
 `core` builds the parts that decide where requests go (the learner, the load monitor feeding
 it, the router) around a registry; `open_gateway` builds those and the request pipeline around
-them. The routing study (tiergate.cosim) builds its gateway with the same `core`, so that what
-it measures is what the gateway runs.
+them. The routing study (loadtests.routing_sim.cosim) builds its gateway with the same `core`, so
+that what it measures is what the gateway runs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.multiturn import AFFINITY, BASE, Options, run
+from loadtests.affinity import AFFINITY, BASE, Options, run
 
 pytestmark = pytest.mark.e2e
 

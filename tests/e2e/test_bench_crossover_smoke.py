@@ -17,7 +17,7 @@ import yaml
 
 from gateway.config.settings import PolicyConfig
 from loadtests.crossover import first_crossing, recommend, slo_limit
-from loadtests.procs import SimProcess
+from loadtests.harness.procs import SimProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

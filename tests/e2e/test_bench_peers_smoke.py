@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.nginx import nginx_binary
-from loadtests.peerenv import PEERS, default_venv, ensure
+from loadtests.harness.nginx import nginx_binary
+from loadtests.harness.peerenv import PEERS, default_venv, ensure
 from loadtests.peers import (
     FIGURES,
     GATEWAY,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.deployments import DEPLOYMENTS
-from loadtests.phases import STEP, Slo
+from loadtests.harness.deployments import DEPLOYMENTS
+from loadtests.harness.phases import STEP, Slo
 from loadtests.routing import run
 
 pytestmark = pytest.mark.e2e

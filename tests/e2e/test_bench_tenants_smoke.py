@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.tenantsbench import ON, Options, run
+from loadtests.tenants import ON, Options, run
 
 pytestmark = pytest.mark.e2e
 

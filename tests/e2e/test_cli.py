@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtests.procs import free_port, wait_http
+from loadtests.harness.procs import free_port, wait_http
 
 pytestmark = pytest.mark.e2e
 MODEL = "meta-llama/Llama-2-7b-chat-hf"

@@ -1,4 +1,5 @@
-"""Smoke test of the Locust load test (loadtests/locustfile.py and a scenario) against a small
+"""Smoke test of the Locust load test (loadtests/locust/locustfile.py and a scenario) against a
+small
 simulated stack: one v4 latency simulator, one v3 throughput simulator, the gateway."""
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def test_locustfile_streams_and_records(stack: Stack, tmp_path: Path) -> None:
     jsonl = tmp_path / "run.jsonl"
     out = run_locust(
         # Until 12 requests are recorded, however long a busy machine takes (60 s at most).
-        ["-f", "loadtests/locustfile.py", "-u", "4", "-r", "4", "-t", "60s", "--stop-after", "12",
+        ["-f", "loadtests/locust/locustfile.py", "-u", "4", "-r", "4", "-t", "60s",
+         "--stop-after", "12",
          "-H", stack.gateway.url, *WORKLOAD, "--jsonl", str(jsonl), "--csv", str(tmp_path / "run"),
          "--json-file", str(tmp_path / "stats")],  # Locust adds .json
         timeout=120,
@@ -76,7 +78,8 @@ def test_locustfile_streams_and_records(stack: Stack, tmp_path: Path) -> None:
 def test_step_scenario(stack: Stack, tmp_path: Path) -> None:
     jsonl = tmp_path / "step.jsonl"
     out = run_locust(
-        ["-f", "loadtests/scenarios/step.py", "--phase-seconds", "1", "-H", stack.gateway.url,
+        ["-f", "loadtests/locust/scenarios/step.py", "--phase-seconds", "1",
+         "-H", stack.gateway.url,
          *WORKLOAD, "--jsonl", str(jsonl)],
         timeout=45,
     )  # fmt: skip

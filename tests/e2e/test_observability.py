@@ -37,7 +37,7 @@ from loadtests.dashboards import (
     step_scenario,
     wait_targets_up,
 )
-from loadtests.promstack import (
+from loadtests.harness.promstack import (
     NO_PROMETHEUS,
     PromClient,
     PrometheusProcess,

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.nginx import nginx_binary
-from loadtests.overhead import MAX_BASELINE_RATIO, REPO, Options, is_proxy, run
+from loadtests.harness.baseline import REPO
+from loadtests.harness.nginx import nginx_binary
+from loadtests.overhead import MAX_BASELINE_RATIO, Options, is_proxy, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

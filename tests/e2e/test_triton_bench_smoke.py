@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.tritonbench import DIRECT, TARGETS, Options, run
+from loadtests.triton import DIRECT, TARGETS, Options, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

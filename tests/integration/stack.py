@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from loadtests.stack import MODEL, Stack, add_gateway, config, start_stack
+from loadtests.harness.stack import MODEL, Stack, add_gateway, config, start_stack
 
 __all__ = ["MODEL", "Stack", "add_gateway", "config", "start_stack", "wait_until",
            "wait_until_async"]  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtests.procs import GatewayProcess
+from loadtests.harness.procs import GatewayProcess
 from tests.integration.stack import MODEL, Stack, add_gateway, start_stack
 
 STREAMS = 20

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engines.hf.model import WordTokenizer
 from engines.hf.probe import probe
 from engines.hf.server import HFConfig, create_app
-from loadtests.procs import GatewayProcess, free_port, wait_http
+from loadtests.harness.procs import GatewayProcess, free_port, wait_http
 from tests.integration.stack import wait_until_async
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"

@@ -29,7 +29,7 @@ import httpx
 import pytest
 import schemathesis
 
-from loadtests.procs import GatewayProcess
+from loadtests.harness.procs import GatewayProcess
 from tests.integration.stack import (
     MODEL,
     Stack,

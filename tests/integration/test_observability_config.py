@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gateway.observe.telemetry import Telemetry
-from loadtests.promstack import (
+from loadtests.harness.promstack import (
     DASHBOARDS_DIR,
     PROMETHEUS_CONFIG,
     REPO,

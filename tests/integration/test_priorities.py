@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gateway.pipeline.tenants import hash_key
-from loadtests.procs import GatewayProcess, SimProcess
+from loadtests.harness.procs import GatewayProcess, SimProcess
 from tests.integration.stack import wait_until_async
 
 MODEL = "sim-model"

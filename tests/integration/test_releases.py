@@ -22,7 +22,7 @@ import openai
 import pytest
 import yaml
 
-from loadtests.procs import GatewayProcess, SimProcess
+from loadtests.harness.procs import GatewayProcess, SimProcess
 
 KEY = "admin-secret"
 AUTH = {"authorization": f"Bearer {KEY}"}

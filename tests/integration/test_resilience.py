@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.procs import SimProcess
+from loadtests.harness.procs import SimProcess
 from tests.integration.stack import MODEL, Stack, add_gateway, start_stack, wait_until_async
 
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 8,

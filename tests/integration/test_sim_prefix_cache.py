@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.procs import SimProcess
+from loadtests.harness.procs import SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 # 3000 one-word tokens: 300 ms of prefill on v3 (0.1 ms a token), 150 ms at --speedup 2.

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.front.metrics import ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS
-from loadtests.procs import SimProcess
+from loadtests.harness.procs import SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 

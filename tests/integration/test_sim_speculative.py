@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.sim.profile import Speculative, load_profile, mean_tokens_per_step
-from loadtests.procs import SimProcess
+from loadtests.harness.procs import SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 BODY = {"model": MODEL, "prompt": "one two three four five", "max_tokens": 40, "ignore_eos": True}

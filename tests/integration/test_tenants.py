@@ -21,7 +21,7 @@ import yaml
 from multidict import CIMultiDict
 
 from gateway.pipeline.tenants import hash_key
-from loadtests.procs import GatewayProcess, SimProcess
+from loadtests.harness.procs import GatewayProcess, SimProcess
 from tests.conftest import RedisProcess
 from tests.integration.stack import wait_until
 

@@ -27,7 +27,7 @@ from gateway.observe.tracing_env import trace_exporters
 from gateway.pipeline.tracing import provider_from_env
 from gateway.serve.app import COMPLETIONS, Proxy
 from gateway.serve.assembly import Gateway, Hosting, open_gateway
-from loadtests.procs import wait_http
+from loadtests.harness.procs import wait_http
 from tests.conftest import free_port
 from tests.integration.stack import MODEL, start_stack
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 import yaml
 
-from loadtests.procs import GatewayProcess, ManagedProcess, SimProcess, start_all
+from loadtests.harness.procs import GatewayProcess, ManagedProcess, SimProcess, start_all
 from tests.integration.stack import wait_until, wait_until_async
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"

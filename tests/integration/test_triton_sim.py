@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.wire.triton.metrics import parse_triton_metrics
-from loadtests.procs import SimProcess
+from loadtests.harness.procs import SimProcess
 
 NAME = "llama31-8b-awq"
 OUTPUTS = {"return_finish_reason": True, "return_num_input_tokens": True,

@@ -24,7 +24,7 @@ from gateway.config.settings import load_settings
 from gateway.routing import Decision, RouteRequest
 from gateway.serve.app import COMPLETIONS, Proxy
 from gateway.serve.assembly import Hosting, open_gateway
-from loadtests.procs import GatewayProcess
+from loadtests.harness.procs import GatewayProcess
 from tests.conftest import free_port
 from tests.integration.stack import (
     MODEL,

@@ -1,4 +1,5 @@
-"""The routing co-simulation (tiergate.cosim) and its study (tiergate.study), on small
+"""The routing co-simulation (loadtests.routing_sim.cosim) and its study
+(loadtests.routing_sim.study), on small
 deterministic runs: every request accounted for, the policies' placements as they promise, the
 acceptance shift reaching the engine and the latency model, the same seed giving the same run,
 and the command end to end on a tiny matrix."""
@@ -14,11 +15,10 @@ from typer.testing import CliRunner
 
 from engines.sim.profile import load_profile
 from gateway.routing import PolicyParams, Reason, Role, Slo
-from tiergate import decision_cost
-from tiergate.cli import app
-from tiergate.cosim import RunSpec, simulate
-from tiergate.decision_cost import decision_alone, snapshot
-from tiergate.study import (
+from loadtests import decision_cost
+from loadtests.decision_cost import decision_alone, snapshot
+from loadtests.routing_sim.cosim import RunSpec, simulate
+from loadtests.routing_sim.study import (
     DEPLOYMENTS,
     ORACLE_LIMITS,
     SLO_CLASSES,
@@ -31,6 +31,7 @@ from tiergate.study import (
     true_tpot,
     verdict,
 )
+from tiergate.cli import app
 
 STANDARD = Slo(1.0, 0.025)
 SMALL = (2, 8, 3)

@@ -11,13 +11,12 @@ import yaml
 
 from gateway.config.settings import PolicyConfig
 from gateway.routing import PolicyParams
-from loadtests.client import Result
+from loadtests.common.report import command_line
 from loadtests.crossover import (
     Crossing,
     Window,
     active_window,
     base_url,
-    command_line,
     crossover_text,
     engine_order,
     first_crossing,
@@ -27,6 +26,7 @@ from loadtests.crossover import (
     slo_limit,
     window,
 )
+from loadtests.harness.client import Result
 
 NAN = math.nan
 LEVELS = (1, 2, 4, 8)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.peerenv import PEERS, litellm_config, scrub
-from loadtests.phases import PhaseStats
+from loadtests.harness.peerenv import PEERS, litellm_config, scrub
+from loadtests.harness.phases import PhaseStats
 from loadtests.routing import PEER_POLICIES, _engine_split, _tiers, peer_spec, peer_verdicts
 
 

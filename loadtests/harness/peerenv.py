@@ -29,7 +29,7 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from loadtests.procs import free_port, terminate
+from loadtests.harness.procs import free_port, terminate
 
 ENV_VAR = "TIERGATE_PEERS_VENV"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from engines.sim.profile import load_profile
-from loadtests.phases import Slo
+from loadtests.harness.phases import Slo
 
 __all__ = ["DEPLOYMENTS", "SLO_CLASSES", "Deployment"]
 

@@ -1,10 +1,11 @@
-"""Summarize per-request JSONL records (from loadtests/locustfile.py) into a percentile table.
+"""Summarize per-request JSONL records (from loadtests/locust/locustfile.py) into a percentile
+table.
 
 The JSONL files, not Locust's own statistics, are the source of truth: Locust buckets response
 times (whole ms below 100 ms, 10 ms steps up to 1 s, 100 ms steps above), which is too coarse for
 TPOT. Percentiles here use linear interpolation between order statistics (numpy's default).
 
-    python -m loadtests.summarize runs/locust-*.jsonl [--slo-ttft 1.0] [--slo-tpot 0.025]
+    python -m loadtests.locust.summarize runs/locust-*.jsonl [--slo-ttft 1.0] [--slo-tpot 0.025]
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from loadtests.common.stats import ms_of_s, percentile
 
 Record = Mapping[str, Any]
 ALL = "all"  # the tier of a label's aggregate row
@@ -44,29 +47,8 @@ class Row:
     goodput_rate: float  # good / window (req/s)
 
 
-def json_safe(value: Any, digits: int | None = None) -> Any:
-    """`value` with NaN and infinities as null (JSON has neither), through dicts, lists and
-    tuples; with `digits`, floats rounded to that many significant digits."""
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return None
-        return value if digits is None else float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {k: json_safe(v, digits) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v, digits) for v in value]
-    return value
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation; NaN for no values."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def load(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -187,10 +169,6 @@ def _order(
     return (label, -1 if phase is None else phase, tier == ALL, tier)
 
 
-def _ms(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x * 1000:.1f}"
-
-
 def _num(x: float, fmt: str = ".1f") -> str:
     return "-" if math.isnan(x) else format(x, fmt)
 
@@ -208,12 +186,12 @@ def format_table(rows: Sequence[Row], slo_ttft: float = 1.0, slo_tpot: float = 0
             r.tier,
             str(r.n),
             str(r.failed),
-            _ms(r.ttft_p50),
-            _ms(r.ttft_p99),
-            _ms(r.tpot_p50),
-            _ms(r.tpot_p99),
-            _ms(r.e2e_p50),
-            _ms(r.e2e_p99),
+            ms_of_s(r.ttft_p50),
+            ms_of_s(r.ttft_p99),
+            ms_of_s(r.tpot_p50),
+            ms_of_s(r.tpot_p99),
+            ms_of_s(r.e2e_p50),
+            ms_of_s(r.e2e_p99),
             _num(r.tok_s),
             _num(r.req_s, ".2f"),
             _num(r.goodput_share * 100, ".0f"),
@@ -239,11 +217,12 @@ def format_table(rows: Sequence[Row], slo_ttft: float = 1.0, slo_tpot: float = 0
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m loadtests.summarize",
+        prog="python -m loadtests.locust.summarize",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("files", nargs="+", help="JSONL files written by loadtests/locustfile.py")
+    ap.add_argument("files", nargs="+",
+                    help="JSONL files written by loadtests/locust/locustfile.py")  # fmt: skip
     ap.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds (1.0)")
     ap.add_argument("--slo-tpot", type=float, default=0.025, help="TPOT SLO in seconds (0.025)")
     ap.add_argument(

@@ -167,3 +167,13 @@ def window_throughput(results: Sequence[Result], requests_per_user: int) -> tupl
     words = sum(n for r in results for t, n in r.chunks if start < t <= end)
     span = end - start
     return (words / span if span > 0 else float("nan")), span
+
+
+def event_loop_runner() -> asyncio.Runner:
+    # The gateway and the simulator run on uvloop; so does the client when it can, so that the
+    # client's share of the (shared) CPU stays as small as possible.
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.Runner()
+    return asyncio.Runner(loop_factory=uvloop.new_event_loop)

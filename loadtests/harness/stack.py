@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from loadtests.procs import GatewayProcess, SimProcess
+from loadtests.harness.procs import GatewayProcess, SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 

@@ -1,11 +1,12 @@
 """Stepped load: 1 -> 16 -> 32 -> 64 -> 16 -> 1 users, --phase-seconds each (default 30).
 
-    locust -f loadtests/scenarios/step.py --headless -H http://127.0.0.1:8000 --phase-seconds 30
+    locust -f loadtests/locust/scenarios/step.py --headless -H http://127.0.0.1:8000 --phase-seconds
+    30
 
 Users are added or removed at once at each step. A removed user's request in flight is abandoned
 (the engine sees a disconnect) unless --stop-timeout S lets it finish. Per-phase percentiles:
-`python -m loadtests.summarize --by-users FILE.jsonl` (each record has the users running when it
-was sent).
+`python -m loadtests.locust.summarize --by-users FILE.jsonl` (each record has the users running when
+it was sent).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ pool, with no HTTP and no real time, so that a routing study of hundreds of runs
   metrics page would say, the real `Learner` (scrapes and finished streams in, predictions out)
   and the routing policy built by `build_policy`, called as `gateway.pipeline.router.Router` calls
   it;
-- users: the closed loop of `loadtests.phases` (a user active in a phase sends its next request
+- users: the closed loop of `loadtests.harness.phases` (a user active in a phase sends its next
+request
   as soon as its last one finished; a request belongs to the phase in which it finished).
 
 The gateway's admission control is not modelled: a decision whose reason is `saturated` still

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from loadtests.procs import free_port, terminate, wait_http
+from loadtests.harness.procs import free_port, terminate, wait_http
 
 DEBIAN_NGINX = "/usr/sbin/nginx"
 

@@ -16,7 +16,10 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import typer
 
 from gateway.backends.latency_model import BackendModel
 from gateway.routing import (
@@ -31,6 +34,7 @@ from gateway.routing import (
     build_policy,
 )
 from gateway.routing.curves import Prediction
+from loadtests.common.report import revision
 
 __all__ = [
     "GOALS_P99_US", "SIZES", "decision_alone", "goal_lines", "markdown", "repeated", "snapshot",
@@ -176,7 +180,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Date: {report['date']}. Code: {code}. Machine: {report['machine']}, "
         f"{report['nproc']} CPUs.  ",
         f"Each policy called in a loop on a fixed snapshot with {report['inflight']} requests in "
-        "flight and the latency model's predictions in it (tiergate.decision_cost), with 3 and "
+        "flight and the latency model's predictions in it (loadtests.decision_cost), with 3 and "
         "16 backends; each run is 5 rounds whose policy order rotates, after `gc.freeze()` as "
         "the gateway's process does. A run's 99th percentile moves with what else the machine "
         "does: the figures are the median of the runs, each run's beside it.",
@@ -199,3 +203,62 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{' / '.join(f'{v:.1f}' for v in p99['runs'])} |"
             )
     return "\n".join(out) + "\n"
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    runs: Annotated[int, typer.Option(min=1, help="Whole measurements, one after another.")] = 3,
+    calls: Annotated[
+        int,
+        typer.Option(
+            min=5,
+            help="Calls per run, policy and snapshot size (3 and 16 backends), over 5 rounds.",
+        ),
+    ] = 100_000,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Policies to time (default: learned, golden-range, least-loaded, power-of-two)."
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for decision-cost.md/.json.")] = None,
+) -> None:
+    """The CPU cost of one routing decision alone, per policy, with 3 and 16 backends: each
+    policy called in a loop on a fixed snapshot, `runs` times over; medians and every run's
+    p50/p99, against the goals (learned: p99 <= 20 µs with 3 backends, <= 40 µs with 16)."""
+    import json
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from gateway.routing import POLICY_NAMES
+    from loadtests.common.report import run_header
+
+
+    names = tuple(policy or ("learned", "golden-range", "least-loaded", "power-of-two"))
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}"
+        )
+    if "learned" not in names:
+        names = ("learned", *names)  # the goals are the learned policy's
+    console = Console()
+    with Progress(console=console) as bar:
+        task = bar.add_task("timing decisions", total=runs)
+        report = repeated(
+            names, runs, max(1, calls // 5), lambda done: bar.update(task, completed=done)
+        )
+    options = {"runs": runs, "calls": calls, "policy": list(names)}
+    flags = f"--runs {runs} --calls {calls}" + "".join(f" --policy {n}" for n in names)
+    header = run_header(f"tiergate bench decision-cost {flags}", options, ())
+    report = {**header, "revision": revision(("gateway", "loadtests/decision_cost.py")), **report}
+    text = markdown(report)
+    console.print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decision-cost.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "decision-cost.md").write_text(text)
+        console.print(f"wrote decision-cost.md/.json to {out}")

@@ -1,6 +1,6 @@
 """Open-loop Poisson arrivals at --rate requests per second (within the limits below).
 
-    locust -f loadtests/scenarios/poisson.py --headless -H http://127.0.0.1:8000 \
+    locust -f loadtests/locust/scenarios/poisson.py --headless -H http://127.0.0.1:8000 \
         --rate 4 --pool-users 64 -t 120s
 
 How: Locust users are closed loops, so a pool of --pool-users users (default 64) is started and

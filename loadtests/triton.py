@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
 import shlex
@@ -40,12 +39,13 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpc_aio
+import typer
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -53,19 +53,16 @@ from rich.table import Table
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from loadtests.overhead import (
+from loadtests.common.options import setup_logging
+from loadtests.common.stats import Added, Samples, Stat, json_safe, ms, rotation
+from loadtests.harness.procs import GatewayProcess, SimProcess, cpu_seconds, start_all
+from loadtests.harness.proxied import (
     JSON_HEADERS,
     PROFILE,
-    Added,
-    Samples,
-    Stat,
-    _session,
+    client_session,
     closed_small,
     paced_small,
-    rotation,
 )
-from loadtests.procs import GatewayProcess, SimProcess, cpu_seconds, start_all
-from loadtests.summarize import json_safe
 
 MODEL = "tiergate-bench"
 TRITON_MODEL = "bench"
@@ -231,7 +228,7 @@ async def _stream_once(session: aiohttp.ClientSession, url: str, payload: bytes)
 async def closed_streams(url: str, payload: bytes, connections: int, duration_s: float) -> Samples:
     """`connections` users reading whole streams back to back; a sample is one stream's time."""
     out = Samples()
-    async with _session(connections) as session:
+    async with client_session(connections) as session:
         await asyncio.gather(*(_stream_once(session, url, payload) for _ in range(connections)))
         start = time.perf_counter()
         deadline = start + duration_s
@@ -324,7 +321,7 @@ async def _measure(targets: list[Target], opts: Options, progress: Progress) -> 
     pooled: dict[tuple[str, int, str], Samples] = {}
     cpu: dict[tuple[str, int, str], float] = {}
     events: dict[str, int] = {}
-    async with _session(1) as session:
+    async with client_session(1) as session:
         for t in targets:
             if t.grpc is not None:
                 async with grpc_aio.InferenceServerClient(t.grpc) as client:
@@ -403,10 +400,6 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _ms(v: float) -> str:
-    return "n/a" if math.isnan(v) else f"{v:.2f}"
-
-
 def _cell_title(c: Cell, tokens: int) -> str:
     what = "small non-streamed" if c.kind == "small" else f"{tokens}-token streams, whole stream"
     return f"{what}, {c.concurrency} conn ({c.load})"
@@ -449,20 +442,21 @@ def markdown(report: Report) -> str:
             s = c.stats[name]
             a = c.added.get(name)
             lines.append(
-                f"| {name} | {s.n} | {s.errors} | {_ms(s.p50_ms)} | {_ms(s.p99_ms)} | "
-                f"{_ms(a.p50_ms) if a else ''} | {_ms(a.p99_ms) if a else ''} |"
+                f"| {name} | {s.n} | {s.errors} | {ms(s.p50_ms, 2)} | {ms(s.p99_ms, 2)} | "
+                f"{ms(a.p50_ms, 2) if a else ''} | {ms(a.p99_ms, 2) if a else ''} |"
             )
         lines += [
             "",
-            f"Translation: {_ms(c.translation_p50_ms)} ms p50, {_ms(c.translation_p99_ms)} ms p99."
-            f" Gateway CPU per request: {_ms(c.gateway_cpu_ms['gateway->vllm'])} ms to vLLM,"
-            f" {_ms(c.gateway_cpu_ms['gateway->triton'])} ms to Triton"
+            f"Translation: {ms(c.translation_p50_ms, 2)} ms p50, "
+            f"{ms(c.translation_p99_ms, 2)} ms p99."
+            f" Gateway CPU per request: {ms(c.gateway_cpu_ms['gateway->vllm'], 2)} ms to vLLM,"
+            f" {ms(c.gateway_cpu_ms['gateway->triton'], 2)} ms to Triton"
             + (
                 f" ({_per_event_us(c, tokens):.0f} us more per streamed token)"
                 if c.kind == "stream"
                 else ""
             )
-            + f", {_ms(c.gateway_cpu_ms['gateway->triton-grpc'])} ms to Triton over gRPC.",
+            + f", {ms(c.gateway_cpu_ms['gateway->triton-grpc'], 2)} ms to Triton over gRPC.",
             "",
             f"gRPC / HTTP (gateway to Triton): {c.grpc_vs_http_p50:.3f}x p50, "
             f"{c.grpc_vs_http_p99:.3f}x p99.",
@@ -484,12 +478,12 @@ def print_summary(report: Report, console: Console) -> None:
         g = c.added["gateway->triton-grpc"]
         table.add_row(
             f"{'small' if c.kind == 'small' else f'{tokens}-tok stream'} c={c.concurrency}",
-            f"{_ms(v.p50_ms)} / {_ms(v.p99_ms)}",
-            f"{_ms(t.p50_ms)} / {_ms(t.p99_ms)}",
-            f"{_ms(g.p50_ms)} / {_ms(g.p99_ms)}",
-            f"{_ms(c.translation_p50_ms)} / {_ms(c.translation_p99_ms)}",
+            f"{ms(v.p50_ms, 2)} / {ms(v.p99_ms, 2)}",
+            f"{ms(t.p50_ms, 2)} / {ms(t.p99_ms, 2)}",
+            f"{ms(g.p50_ms, 2)} / {ms(g.p99_ms, 2)}",
+            f"{ms(c.translation_p50_ms, 2)} / {ms(c.translation_p99_ms, 2)}",
             f"{c.grpc_vs_http_p50:.3f}x",
-            " | ".join(_ms(c.gateway_cpu_ms[gw]) for gw in DIRECT),
+            " | ".join(ms(c.gateway_cpu_ms[gw], 2) for gw in DIRECT),
             str(min(s.n for s in c.stats.values())),
         )
     console.print(table)
@@ -524,3 +518,25 @@ def run(opts: Options, console: Console | None = None) -> Report:
     print_summary(report, console)
     console.print(f"wrote {opts.out} and {opts.markdown_path}")
     return report
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    duration: Annotated[float, typer.Option(help="Seconds per target per round, per cell.")] = 3.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (targets in rotating order).")] = 3,
+    rate: Annotated[
+        float, typer.Option(min=1, help="Aggregate req/s of the paced small-request load.")
+    ] = 300.0,
+    stream_tokens: Annotated[int, typer.Option(min=1, help="Tokens per timed stream.")] = 128,
+    out: Annotated[Path, typer.Option(help="JSON results; the .md is written next to it.")] = Path(
+        "docs/results/triton.json"
+    ),
+) -> None:
+    """What the Triton translation costs: the gateway in front of a Triton-API simulator vs the
+    same gateway in front of the same engine behind vLLM's API, each against its direct target."""
+
+    setup_logging("warning")
+    run(Options(duration_s=duration, rounds=rounds, rate=rate, stream_tokens=stream_tokens,
+                out=out))  # fmt: skip

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from loadtests.client import Result, prompt_of, stream_completion
-from loadtests.summarize import percentile
+from loadtests.common.stats import percentile
+from loadtests.harness.client import Result, prompt_of, stream_completion
 
 STEP: tuple[int, ...] = (1, 8, 16, 32, 64, 16)
 BURST: tuple[int, ...] = (8, 64, 8, 64, 8)

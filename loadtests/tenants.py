@@ -34,26 +34,27 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
+import typer
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadtests.client import Result, prompt_of, stream_completion
-from loadtests.overhead import (
+from loadtests.common.options import setup_logging
+from loadtests.common.report import (
     JsonReport,
     OutputPaths,
     finish_markdown,
     print_tables,
-    rotation,
     run_header,
     save,
 )
-from loadtests.procs import GatewayProcess, SimProcess, start_all
-from loadtests.stack import MODEL
-from loadtests.summarize import json_safe, percentile
+from loadtests.common.stats import json_safe, percentile, rotation
+from loadtests.harness.client import Result, prompt_of, stream_completion
+from loadtests.harness.procs import GatewayProcess, SimProcess, start_all
+from loadtests.harness.stack import MODEL
 
 __all__ = ["ARMS", "Options", "run"]
 
@@ -475,3 +476,30 @@ def chart(saved: JsonReport, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    interactive_users: Annotated[
+        int, typer.Option(min=1, help="Interactive users (closed loops, with a think time).")
+    ] = 3,
+    batch_users: Annotated[int, typer.Option(min=1, help="Batch users (closed loops).")] = 32,
+    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per arm per round.")] = 20,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 1.0,
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/tenants.json"),
+) -> None:
+    """Two tenants on one deployment (a v4 latency tier, two v3 in the pool, priority
+    scheduling on the engines): an interactive tenant at a steady low load beside a batch
+    tenant flooding, with the gateway's priorities on and off, against the interactive tenant
+    alone. Reports the interactive tenant's TTFT and TPOT p50/p99 and the batch tenant's
+    throughput per arm, ratios against solo, and the goal: p99s within 1.2x of solo with
+    priorities on."""
+
+    setup_logging("warning")
+    run(Options(interactive_users=interactive_users, batch_users=batch_users, seconds=seconds,
+                rounds=rounds, speedup=speedup, out=out))  # fmt: skip

@@ -1,10 +1,10 @@
 """Fixed concurrency: C closed-loop users for the whole run (the tutorial's 1 / 16 / 32 / 64).
 
-    locust -f loadtests/scenarios/fixed.py --headless -H http://127.0.0.1:8000 -u 16 -t 60s
+    locust -f loadtests/locust/scenarios/fixed.py --headless -H http://127.0.0.1:8000 -u 16 -t 60s
 
 FixedShape reads Locust's own --users (default 1) and --run-time (default: until stopped) and
 starts every user at once (--spawn-rate is ignored). Without the shape the same load is
-`locust -f loadtests/locustfile.py --headless -u 16 -r 16 -t 60s ...`.
+`locust -f loadtests/locust/locustfile.py --headless -u 16 -r 16 -t 60s ...`.
 """
 
 from __future__ import annotations

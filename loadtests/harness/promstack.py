@@ -1,8 +1,8 @@
 """A real Prometheus next to a loopback stack, and every query the dashboards and rules make.
 
 The compose stack's Prometheus config (deploy/prometheus/prometheus.yml) is reused as is, with
-its targets swapped for the loopback ports of a `loadtests.stack.Stack` and shorter intervals,
-so the job names, labels and relabelling under test are the deployed ones. The Grafana
+its targets swapped for the loopback ports of a `loadtests.harness.stack.Stack` and shorter
+intervals, so the job names, labels and relabelling under test are the deployed ones. The Grafana
 dashboards (grafana/dashboards/*.json) are read into panels and targets whose expressions can
 be evaluated once their variables are substituted, as Grafana would.
 
@@ -26,10 +26,10 @@ from typing import Any, Literal, Self
 
 import yaml
 
-from loadtests.procs import ManagedProcess
-from loadtests.stack import Stack
+from loadtests.harness.procs import ManagedProcess
+from loadtests.harness.stack import Stack
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 DASHBOARDS_DIR = REPO / "grafana" / "dashboards"

@@ -1,6 +1,6 @@
 """Bursty load: 8 users with spikes to 64, e.g. 20 s at 8 then 10 s at 64, repeated.
 
-    locust -f loadtests/scenarios/burst.py --headless -H http://127.0.0.1:8000 \
+    locust -f loadtests/locust/scenarios/burst.py --headless -H http://127.0.0.1:8000 \
         --phase-seconds 20 --spike-seconds 10 --bursts 3
 
 --phase-seconds is the base phase (default 20), --spike-seconds the spike (default half the

@@ -2,16 +2,16 @@
 
 Each user is a closed loop: it sends its next request as soon as the last one finished. A request
 streams by default; the user times it on the SSE lines as `vllm bench serve` does (and as
-loadtests/client.py does):
+loadtests/harness/client.py does):
   TTFT = first chunk with text, E2E = last chunk with text, N = usage.completion_tokens,
   TPOT = (E2E - TTFT) / (N - 1).
 Locust's own timing of a streamed POST stops at the response headers, so the three are reported as
 extra request events (type TTFT / TPOT / E2E, name = the tier that served the request), and every
 request is appended to a JSONL file, the source of truth for percentiles (Locust buckets times).
 
-    locust -f loadtests/locustfile.py --headless -u 16 -r 16 -t 60s -H http://127.0.0.1:8000
+    locust -f loadtests/locust/locustfile.py --headless -u 16 -r 16 -t 60s -H http://127.0.0.1:8000
 
-Scenarios (load shapes) are in loadtests/scenarios/; see loadtests/README.md.
+Scenarios (load shapes) are in loadtests/locust/scenarios/; see loadtests/locust/README.md.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ import gevent
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-# The summary reuses loadtests/summarize.py: make the repository importable when locust is run
-# from elsewhere (it only adds this file's directory to sys.path).
-_ROOT = Path(__file__).resolve().parent.parent
-if (_ROOT / "loadtests" / "summarize.py").exists() and str(_ROOT) not in sys.path:
+# The summary reuses loadtests/locust/summarize.py: make the repository importable when locust
+# is run from elsewhere (it only adds this file's directory to sys.path).
+_ROOT = Path(__file__).resolve().parents[2]
+if (_ROOT / "loadtests" / "locust" / "summarize.py").exists() and str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from loadtests.summarize import format_table, summarize  # noqa: E402
+from loadtests.locust.summarize import format_table, summarize  # noqa: E402
 
 log = logging.getLogger("tiergate.locust")
 

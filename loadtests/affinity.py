@@ -29,7 +29,6 @@ import json
 import math
 import random
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -37,27 +36,28 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import aiohttp
+import typer
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway.routing import PolicyParams
-from loadtests.overhead import (
+from gateway.routing import POLICY_NAMES, PolicyParams
+from loadtests.common.options import PEERS_VENV_HELP, known, setup_logging, without
+from loadtests.common.report import (
     JsonReport,
     OutputPaths,
     finish_markdown,
     print_tables,
-    rotation,
     run_header,
     save,
 )
-from loadtests.peerenv import PEERS, Installed, PeerProcess, default_venv, ensure, scrub
-from loadtests.procs import GatewayProcess, SimProcess, start_all
-from loadtests.stack import MODEL
-from loadtests.summarize import json_safe, percentile
+from loadtests.common.stats import json_safe, median, percentile, rotation
+from loadtests.harness.peerenv import PEERS, Installed, PeerProcess, default_venv, ensure, scrub
+from loadtests.harness.procs import GatewayProcess, SimProcess, start_all
+from loadtests.harness.stack import MODEL
 
 BASE = "tiergate"
 AFFINITY = "tiergate-affinity"
@@ -321,16 +321,11 @@ FIGURES = (
 COUNTS = ("requests", "errors", "samples", "conversations_done")
 
 
-def _median(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
-
-
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per arm: each figure's median over the rounds and each round's value; counts summed."""
     out: dict[str, dict[str, Any]] = {}
     for arm, rounds in runs.items():
-        figs: dict[str, Any] = {k: _median([r[k] for r in rounds]) for k, _ in FIGURES}
+        figs: dict[str, Any] = {k: median([r[k] for r in rounds]) for k, _ in FIGURES}
         figs["rounds"] = {k: [r[k] for r in rounds] for k, _ in FIGURES}
         figs |= {k: sum(r[k] for r in rounds) for k in COUNTS}
         out[arm] = figs
@@ -570,3 +565,80 @@ def chart(saved: JsonReport, path: Path) -> None:
 
 
 __all__ = ["AFFINITY", "ARMS", "BASE", "PEERS", "Options", "run"]
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _affinity_arms(names: list[str] | None) -> list[str] | None:
+    from loadtests.affinity import ARMS
+
+    return known(names, ARMS)
+
+
+def command(
+    sims: Annotated[int, typer.Option(min=2, help="Throughput simulators (v3) in the pool.")] = 4,
+    users: Annotated[int, typer.Option(min=1, help="Concurrent users (closed loops).")] = 16,
+    turns: Annotated[int, typer.Option(min=2, help="Turns per conversation.")] = 6,
+    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per arm per round.")] = 20,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
+    speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 4.0,
+    system_words: Annotated[
+        int, typer.Option(min=1, help="Words (= tokens) of the system prompt all share.")
+    ] = 600,
+    user_words: Annotated[int, typer.Option(min=1, help="Words per user message.")] = 24,
+    reply_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of each reply.")] = 32,
+    think: Annotated[float, typer.Option(min=0, help="Think time between turns, seconds.")] = 0.1,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="tiergate's policy in both its arms (least-loaded: the pool ordered by load, "
+            f"ties at random; one of {', '.join(POLICY_NAMES)})."
+        ),
+    ] = "least-loaded",
+    arm: Annotated[
+        list[str] | None,
+        typer.Option(
+            callback=_affinity_arms,
+            help="Arms to run; repeat for several (default all: tiergate, tiergate-affinity, "
+            "vllm-router:cache_aware, smg:cache_aware).",
+        ),
+    ] = None,
+    peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,
+    install: Annotated[
+        bool, typer.Option(help="Install a missing peer router (--no-install: skip it).")
+    ] = True,
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/affinity.json"),
+) -> None:
+    """Prefix-cache affinity on multi-turn chat: USERS closed-loop users hold conversations of
+    TURNS streamed turns, each opening with one long system prompt shared by all and resending
+    the whole history (so every turn's prompt extends the last). Per arm, fresh simulators with
+    prefix caching on (SIMS x v3) behind one router: tiergate without and with
+    policy.prefix_affinity, vLLM's router and SGLang's model gateway with --policy cache_aware
+    (a peer that is not installed or does not start is left out with a note). Prints TTFT
+    p50/p99, the engines' prefix-cache hit rate (and usage's cached_tokens/prompt_tokens),
+    requests, errors, the most requests one engine held against affinity's bound, medians over
+    rounds, ratios against tiergate without affinity, and the goals (affinity: a higher hit rate
+    and a lower TTFT p50) as MET / NOT MET. Every process is stopped at the end, on failure and
+    on Ctrl-C."""
+    import sys
+
+    from loadtests.common.report import command_line
+
+    if policy not in POLICY_NAMES:
+        raise typer.BadParameter(f"{policy}: choose from {', '.join(POLICY_NAMES)}")
+    setup_logging("warning")
+    opts = Options(
+        sims=sims, users=users, turns=turns, seconds=seconds, rounds=rounds, speedup=speedup,
+        system_words=system_words, user_words=user_words, reply_tokens=reply_tokens,
+        think_s=think, policy=policy, arms=tuple(arm or ARMS), venv=peers_venv, install=install,
+        out=out,
+        command=command_line(without(sys.argv[1:], "--peers-venv")),
+    )  # fmt: skip
+    try:
+        run(opts)
+    except KeyboardInterrupt:  # the processes are stopped by then; no traceback for a Ctrl-C
+        typer.echo("interrupted: every process stopped, nothing written", err=True)
+        raise typer.Exit(130) from None

@@ -1,5 +1,5 @@
 """`tiergate bench routing-sim`: the routing policies compared on a virtual clock, over many
-deployments, load shapes, SLO classes and seeds (tiergate.cosim runs each).
+deployments, load shapes, SLO classes and seeds (loadtests.routing_sim.cosim runs each).
 
 Per cell (deployment x shape x SLO class) and seed: `learned`, `golden-range` (default
 parameters), `least-loaded`, and the oracle's sweep: golden-range with its golden range and hard
@@ -20,7 +20,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -36,11 +35,12 @@ from rich.table import Table
 from engines.sim.profile import load_profile
 from engines.sim.virtual import closed_loop
 from gateway.routing import PolicyParams, Reason, Role, Slo
-from loadtests.deployments import DEPLOYMENTS, SLO_CLASSES, Deployment
-from loadtests.phases import SHAPES
-from loadtests.summarize import json_safe
-from tiergate.cosim import CURVE_LEVELS, TRACE_AT, RunResult, RunSpec, simulate
-from tiergate.decision_cost import decision_alone
+from loadtests.common.report import revision
+from loadtests.common.stats import json_safe, ms
+from loadtests.decision_cost import decision_alone
+from loadtests.harness.deployments import DEPLOYMENTS, SLO_CLASSES, Deployment
+from loadtests.harness.phases import SHAPES
+from loadtests.routing_sim.cosim import CURVE_LEVELS, TRACE_AT, RunResult, RunSpec, simulate
 
 __all__ = [
     "DEPLOYMENTS",
@@ -521,34 +521,15 @@ def curves_report(runs: dict[str, Summary]) -> dict[str, Any]:
     return out
 
 
-def revision() -> dict[str, Any]:
-    """The commit the code ran at, and which of the code's files differed from it."""
-
-    def git(*args: str) -> str:  # stdout, not stripped: porcelain lines start with a space
-        try:
-            return subprocess.run(
-                ("git", *args),
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=Path(__file__).resolve().parents[1],
-            ).stdout
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    # What a run imports: the gateway, the engines, this package, the load shapes.
-    code = ("gateway", "engines", "tiergate", "loadtests/phases.py", "loadtests/client.py")
-    changed = git("status", "--porcelain", "--", *code)
-    return {
-        "commit": git("rev-parse", "--short", "HEAD").strip(),
-        "modified": sorted(line[3:] for line in changed.splitlines()),
-    }
+# What a run imports: the gateway, the engines, this package, the load shapes, the stats.
+CODE = ("gateway", "engines", "loadtests/routing_sim", "loadtests/harness/phases.py",
+        "loadtests/harness/client.py", "loadtests/common")  # fmt: skip
 
 
 def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     """Run the matrix and the traced scenarios; print the tables; write the files to `out`."""
     console = console or Console()
-    code = revision()  # now: the code the runs import, not what the tree holds when they end
+    code = revision(CODE)  # now: the code the runs import, not what the tree holds when they end
     todo = tasks(opts)
     done: list[tuple[Task, Summary]] = []
     jobs = opts.jobs or os.cpu_count() or 1
@@ -652,8 +633,6 @@ def build_report(
 
 
 # -- output ----------------------------------------------------------------------------------
-def _ms(v: float) -> str:
-    return "-" if math.isnan(v) else f"{v:.1f}"
 
 
 def _share(p: dict[str, Any]) -> str:
@@ -711,10 +690,10 @@ def detail_rows(c: dict[str, Any]) -> list[list[str]]:
                 str(p["met"]),
                 str(p["n"]),
                 _share(p),
-                _ms(lat["tpot_p50_ms"]),
-                _ms(thr["tpot_p50_ms"]),
-                _ms(lat["ttft_p50_ms"]),
-                _ms(thr["ttft_p50_ms"]),
+                ms(lat["tpot_p50_ms"]),
+                ms(thr["tpot_p50_ms"]),
+                ms(lat["ttft_p50_ms"]),
+                ms(thr["ttft_p50_ms"]),
                 str(p["saturated"]),
             ]
         )
@@ -792,7 +771,7 @@ def alone_lines(alone: dict[str, Any]) -> list[str]:
     return [
         f"`{name}` alone, {size} backends: p50 {c['p50_us']:.1f} µs, p99 {c['p99_us']:.1f} µs "
         f"over {c['samples']} decisions ({alone['inflight']} in flight, {alone['rounds']} "
-        "rounds, order rotated; tiergate.decision_cost)"
+        "rounds, order rotated; loadtests.decision_cost)"
         for name, by_size in alone["policies"].items()
         for size, c in by_size.items()
     ]
@@ -1007,7 +986,8 @@ def markdown(report: dict[str, Any]) -> str:
         "(`gateway.backends.learner.Learner`) drive the simulator's real scheduler "
         "(`engines.sim.scheduler.Scheduler` with the fitted profiles) on a virtual clock. "
         "Scrapes every 0.25 virtual s; requests are streams of 50 prompt and 256 output "
-        "tokens from closed-loop users (`loadtests.phases` shapes), all of one SLO class per "
+        "tokens from closed-loop users (`loadtests.harness.phases` shapes), all of one SLO class "
+        "per "
         "run (the request carries it, as `x-tiergate-slo-*` headers would). The gateway runs "
         "its default configuration otherwise (`tiergate up`'s: policy parameters, learning "
         "settings) and starts cold in every run: nothing is known of any backend. No admission "
@@ -1026,7 +1006,7 @@ def markdown(report: dict[str, Any]) -> str:
         "counts a, b differ when further apart than 2 sqrt(a + b). Wall time "
         f"{report['wall_s']:g} s.",
         "",
-        "Deployments (`loadtests/deployments.py`; engine profiles in "
+        "Deployments (`loadtests/harness/deployments.py`; engine profiles in "
         "`engines/sim/profiles`): "
         + "; ".join(
             f"`{k}` = {' + '.join(d['latency'])} + {' + '.join(d['throughput'])} ({d['about']})"
