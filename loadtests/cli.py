@@ -45,7 +45,7 @@ class _Benches(TyperGroup):
         if module is None:
             return None
         function: Callable[..., Any] = importlib.import_module(module).command
-        one = typer.Typer()
+        one = typer.Typer(add_completion=False)
         one.command(cmd_name)(function)
         return typer.main.get_command(one)
 

@@ -64,3 +64,98 @@ def test_the_reference_names_every_field_with_its_meaning() -> None:
         assert f"| `{name}` |" in text
     assert comments(LearningConfig)["tier_unlike"].startswith("Past its own frontier")
     assert "| `memory` | float | `16.0` | >= 1 | Observations each knot" in text
+
+
+# -- figures ------------------------------------------------------------------------------------
+# A figure: a number with a unit a measurement has (a ratio, a time, a rate, a share, a size).
+FIGURE = re.compile(
+    r"(?<![\w.])\d+(?:\.\d+)?\s?(?:x\b|×|%|ms\b|µs\b|us\b|req/s|tok/s|tokens/s|s\b|KB|MB|GB)"
+)
+GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Passages whose figures are settings' values or rules (defaults, timeouts, windows), not
+# measurements: (file, how the passage opens). Any other passage with a figure links its results.
+SETTINGS_PASSAGES = {
+    ("README.md", "tiergate reads live queue depth"),
+    ("operations.md", "Tests check these files without"),
+    ("operations.md", "- [`deploy/prometheus/`](../deplo"),
+    ("operations.md", "- [`grafana/`](../grafana): provi"),
+    ("reliability.md", "- **Before the first byte, any fa"),
+    ("reliability.md", "- **Outlier ejection, after Envoy"),
+    ("reliability.md", "- **No silent stream** (`gateway/"),
+    ("reliability.md", "- **Graceful drain** (`gateway/se"),
+    ("reliability.md", "- **Hostile input** (`server.*`):"),
+    ("reliability.md", "**Shared state**: in-flight count"),
+    ("reliability.md", "**Errors**: every answer the gate"),
+    ("routing.md", "The `learned` policy assumes no g"),
+    ("routing.md", "The objective is goodput, the SLO"),
+    ("tenants-and-releases.md", "- **Sticky**: a request with an `"),
+    ("tenants-and-releases.md", "- **Limits**: requests per minute"),
+}
+
+
+def passages(text: str) -> list[str]:
+    """Paragraphs, list items and table rows (code blocks left out); the items of a list that
+    a paragraph opens carry that paragraph's links too."""
+    out: list[str] = []
+    current: list[str] = []
+    lead = ""  # the links of the paragraph before a list
+    in_code = False
+
+    def close() -> None:
+        if current:
+            out.append(" ".join(current))
+            current.clear()
+
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            continue
+        item = line.startswith(("- ", "* ", "|", "#")) or re.match(r"\d+\. ", line)
+        if item or not line.strip():
+            was_paragraph = bool(current) and not current[0].startswith(("- ", "* "))
+            if was_paragraph:
+                lead = " ".join(links(" ".join(current)))
+            close()
+            if not line.strip():
+                if not item:
+                    lead = "" if not out or not out[-1].startswith(("- ", "* ")) else lead
+                continue
+            if line.startswith("|"):
+                out.append(line)
+                continue
+            current.append(f"{line} {lead}" if line.startswith(("- ", "* ")) else line)
+            continue
+        current.append(line)
+    close()
+    return out
+
+
+def unlinked_figures(path: Path) -> list[str]:
+    found = []
+    for passage in passages(path.read_text()):
+        bare = re.sub(r"`[^`]*`", "", passage)
+        if FIGURE.search(bare) and "results/" not in passage:
+            found.append(passage)
+    return found
+
+
+def test_every_figure_in_the_readme_and_guides_links_to_its_results() -> None:
+    unlinked = [(p.name, text) for p in GUIDES for text in unlinked_figures(p)
+                if p.name != "configuration-reference.md"]  # fmt: skip (settings, generated)
+    allowed = [(n, t) for n, t in unlinked
+               if any(n == f and t.startswith(o) for f, o in SETTINGS_PASSAGES)]  # fmt: skip
+    assert [(n, t[:80]) for n, t in unlinked if (n, t) not in allowed] == [], (
+        "figures without a link to their results file"
+    )
+    stale = [(f, o) for f, o in SETTINGS_PASSAGES
+             if not any(n == f and t.startswith(o) for n, t in allowed)]  # fmt: skip
+    assert stale == [], "passages listed here that no longer exist"
+
+
+def test_a_figure_without_its_results_is_found(tmp_path: Path) -> None:
+    doc = tmp_path / "guide.md"
+    doc.write_text("Intro ([r](results/r.md)):\n- learned 0.98x of the oracle\n\n"
+                   "The gateway adds 0.2 ms.\n\n| a | 3.5 ms |\n\n```\n9 ms\n```\n")  # fmt: skip
+    assert unlinked_figures(doc) == ["The gateway adds 0.2 ms.", "| a | 3.5 ms |"]
