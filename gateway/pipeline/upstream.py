@@ -510,14 +510,14 @@ class Upstream:
 
     def _continuation_candidates(self, ex: Exchange) -> list[Backend]:
         """The decision's candidates that can take the continuation: in rotation, not failed
-        for this request, speaking vLLM's API (the body is an OpenAI request), its own tier
-        first (the closest in speed)."""
+        for this request, taking the OpenAI body as it is (the continuation's is rebuilt), its
+        own tier first (the closest in speed)."""
         tier = ex.backend.role if ex.backend is not None else None
         usable = [
             b for b in ex.decision.candidates
             if b.url not in ex.failed_urls
             and not (e := self.registry.entry(b.url)).live.ejected
-            and e.adapter.kind == "vllm"
+            and e.adapter.passthrough
         ]  # fmt: skip
         return sorted(usable, key=lambda b: b.role is not tier)
 

@@ -74,6 +74,9 @@ class WireAdapter(Protocol):
     health_path: str  # 200 while the engine can serve
     # False when every request the gateway accepts can go to this kind (no need to ask).
     restricts: bool
+    # The engine takes the OpenAI request body as it is (vLLM's API): a continuation, whose
+    # body the gateway rebuilds, can go to it.
+    passthrough: bool
     # Statuses this kind answers the client's mistakes with too (Triton answers a bad sampling
     # parameter 500): passed on as they are, neither retried nor held against the backend.
     ambiguous: frozenset[int]

@@ -28,6 +28,9 @@ def test_the_shipped_kinds() -> None:
         assert kind.adapter.health_path.startswith("/")
     assert BUILTIN["vllm"].adapter.restricts is False
     assert BUILTIN["triton"].adapter.restricts is True
+    # Continuations (a rebuilt OpenAI body) go only where the body passes through.
+    assert (BUILTIN["vllm"].adapter.passthrough, BUILTIN["triton"].adapter.passthrough) == (
+        True, False)
     assert (BUILTIN["vllm"].options, BUILTIN["triton"].options) == (VllmOptions, TritonOptions)
 
 

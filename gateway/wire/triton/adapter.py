@@ -435,6 +435,7 @@ class TritonAdapter:
     # Triton answers 400 here while a model is not ready.
     health_path = "/v2/health/ready"
     restricts = True
+    passthrough = False
     ambiguous = frozenset({500})  # "Error generating stream: ..." is often the request's fault
 
     def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:

@@ -81,6 +81,7 @@ class VllmAdapter:
     label = "vLLM"
     health_path = "/health"
     restricts = False
+    passthrough = True
     ambiguous: frozenset[int] = frozenset()  # vLLM answers the client's mistakes with 4xx
 
     def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:

@@ -43,6 +43,7 @@ class EchoAdapter:
     # Not served by the echo engine: its readiness check (readiness.py) probes it instead.
     health_path = "/no-such-path"
     restricts = True
+    passthrough = False
     ambiguous: frozenset[int] = frozenset()
 
     def parse_metrics(self, text: str) -> Mapping[str, EngineStats]:
