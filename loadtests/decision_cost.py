@@ -154,16 +154,11 @@ def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
     for size, goal in sorted(GOALS_P99_US.items(), key=lambda kv: kv[0]):
         cell = report["summary"][policy][str(size)]["p99_us"]
         worst = max(cell["runs"])
-        verdict = (
-            "MET"
-            if worst <= goal
-            else ("NOT MET" if cell["median"] > goal else "met in the median run, not in every run")
-        )
+        verdict = "MET" if worst <= goal else ("NOT MET" if cell["median"] > goal else
+                                               "met in the median run, not in every run")
         runs = ", ".join(f"{v:.1f}" for v in cell["runs"])
-        lines.append(
-            f"{policy}, {size} backends: p99 {cell['median']:.1f} µs (median of "
-            f"{len(cell['runs'])} runs; each: {runs}), goal <= {goal:g} µs: {verdict}"
-        )
+        lines.append(f"{policy}, {size} backends: p99 {cell['median']:.1f} µs (median of "
+                     f"{len(cell['runs'])} runs; each: {runs}), goal <= {goal:g} µs: {verdict}")
     return lines
 
 

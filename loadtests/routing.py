@@ -190,13 +190,8 @@ def run(
     splits: dict[tuple[str, str], list[list[tuple[int, int]]]] = {}  # peers: per run, per phase
     started: dict[str, PeerProcess] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-routing-") as tmp:
-        stack = start_stack(
-            Path(tmp),
-            speedup=speedup,
-            gateways=0,
-            latency_profile=dep.latency,
-            throughput_profile=dep.throughput,
-        )
+        stack = start_stack(Path(tmp), speedup=speedup, gateways=0,
+                            latency_profile=dep.latency, throughput_profile=dep.throughput)
         # The shift (the vector, and the phase it starts), and each engine's own vector back.
         shift = dep.shifts(1.0)
         own = [load_profile(p).speculative for p in dep.latency]

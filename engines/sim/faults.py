@@ -49,11 +49,8 @@ class Faults(BaseModel):
         0.0, ge=0, le=1, description="share of requests answered with error_status"
     )
     error_status: int = Field(
-        500,
-        ge=400,
-        le=599,
-        description="the status of those answers (e.g. 503 while /health"
-        " still answers 200: an engine that refuses work but looks alive)",
+        500, ge=400, le=599, description="the status of those answers (e.g. 503 while /health"
+        " still answers 200: an engine that refuses work but looks alive)"
     )
     slow_first_token_s: float = Field(0.0, ge=0, description="extra delay before first token")
     hang: bool = Field(False, description="the engine stops: requests are accepted, never answered")

@@ -352,7 +352,9 @@ class BackendModel:
     """One backend's learners: TPOT and TTFT curves, the frontier, the spread of requests
     around the TPOT curve, and the speculative acceptance."""
 
-    def __init__(self, memory: float, halflife_s: float, spread: float, ridge_max: float) -> None:
+    def __init__(
+        self, memory: float, halflife_s: float, spread: float, ridge_max: float
+    ) -> None:
         self.ridge_max = ridge_max
         self.tpot = CurveLearner(memory)  # at the tokens per step `tps`
         self.ttft = CurveLearner(memory)

@@ -71,9 +71,8 @@ class Learner:
         self.slo = settings.slo.slo()
         cfg = settings.learning
         self.models = {
-            e.url: BackendModel(
-                cfg.memory, cfg.acceptance_halflife_s, cfg.spread, cfg.ridge_max_tokens
-            )
+            e.url: BackendModel(cfg.memory, cfg.acceptance_halflife_s, cfg.spread,
+                                cfg.ridge_max_tokens)
             for e in registry
         }
         self.unlike = cfg.tier_unlike

@@ -83,7 +83,8 @@ class Trace(Protocol):
 
     async def admit(self, admitting: Awaitable[Decision]) -> Decision: ...
 
-    def route(self, decide: Callable[[RouteRequest], Decision], req: RouteRequest) -> Decision: ...
+    def route(self, decide: Callable[[RouteRequest], Decision], req: RouteRequest) -> Decision:
+        ...
 
     def attempt(self, ex: Exchange, backend: Backend) -> AbstractContextManager[None]: ...
 
@@ -127,9 +128,7 @@ class Exchange:
     tenant: Caller | None = None  # who asked (gateway.pipeline.tenants); set once authenticated
     # vLLM's `priority` for engines with priority scheduling (lower runs first); None: none.
     priority: int | None = None
-    limited: bool = (
-        False  # holds a place in its tenant's limits (gateway.pipeline.limits) until over
-    )
+    limited: bool = False  # holds a place in its tenant's limits (pipeline.limits) until over
     usage_tokens: int = 0  # prompt + completion tokens of the answer's usage, when watched
     body: bytes = b""  # forwarded unchanged to pass-through engines
     data: dict[str, Any] = field(default_factory=dict)  # the body, parsed
@@ -139,9 +138,7 @@ class Exchange:
     exclude: frozenset[str] = frozenset()  # backends that cannot serve this request
     slo: Slo = DEFAULT_SLO  # the configured default, or x-tiergate-slo-ttft-ms / -tpot-ms
     affinity: int | None = None  # the prefix-cache affinity key (gateway.routing.affinity)
-    variant: Variant | None = (
-        None  # the gray release's variant serving it (gateway.pipeline.releases)
-    )
+    variant: Variant | None = None  # the gray release's variant serving it (pipeline.releases)
     mirror: Variant | None = None  # where a shadow copy of it goes (None: nowhere)
     shadow: bool = False  # it is a shadow copy: its answer goes nowhere
     # Per-request work a wire adapter did once for all attempts (e.g. a translated body).

@@ -131,11 +131,8 @@ class Prediction:
     z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "offset",
-            tuple(-math.log(v) - self.bias if v > 0 else math.inf for v in self.tpot.table),
-        )
+        object.__setattr__(self, "offset", tuple(
+            -math.log(v) - self.bias if v > 0 else math.inf for v in self.tpot.table))
         s2 = self.spread * self.spread
         scale = 1.0 / (math.sqrt(2.0 * s2) or 1e-12)
         z = (tuple(1.0 / math.sqrt(2.0 * (s2 + d * d) or 1e-24) for d in self.doubt)

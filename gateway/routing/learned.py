@@ -192,7 +192,9 @@ def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
 SHORTLIST = 4
 
 
-def shortlist(pool: list[Backend], rng: random.Random) -> tuple[list[Backend], list[Backend]]:
+def shortlist(
+    pool: list[Backend], rng: random.Random
+) -> tuple[list[Backend], list[Backend]]:
     """(the backends a decision evaluates, the others in a random order, for failover)."""
     if len(pool) <= SHORTLIST:
         return pool, []

@@ -21,12 +21,7 @@ __all__ = [
 ]
 
 PolicyName = Literal[
-    "learned",
-    "golden-range",
-    "least-loaded",
-    "power-of-two",
-    "round-robin",
-    "latency-only",
+    "learned", "golden-range", "least-loaded", "power-of-two", "round-robin", "latency-only",
     "throughput-only",
 ]
 POLICY_NAMES: Final[tuple[str, ...]] = get_args(PolicyName)

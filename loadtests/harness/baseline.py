@@ -28,9 +28,7 @@ class Baseline:
     sha: str
     short: str
     folder: str
-    module: (
-        str  # `python -m MODULE serve ...`: `tiergate`, or `gateway.serve.cli` before it existed
-    )
+    module: str  # `python -m MODULE serve ...`: `tiergate`, or `gateway.cli` before it existed
 
     @property
     def name(self) -> str:
@@ -65,7 +63,7 @@ def checkout(ref: str, into: Path) -> Iterator[Baseline]:
             raise RuntimeError(f"extracting {ref} ({short}) failed: {untar.stderr.strip()}")
         # The entry point of the day: the composed `tiergate` package, else the gateway's own CLI
         # (the layout before the package existed).
-        module = "tiergate" if (root / "tiergate" / "__main__.py").exists() else "gateway.serve.cli"
+        module = "tiergate" if (root / "tiergate" / "__main__.py").exists() else "gateway.cli"
         yield Baseline(ref=ref, sha=sha, short=short, folder=str(root), module=module)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -105,7 +103,7 @@ class BaselineGatewayProcess(GatewayProcess):
     (gateway, engines, ...) resolves there before the working tree's editable install."""
 
     root: Path | None = None
-    module: str = "gateway.serve.cli"
+    module: str = "gateway.cli"
 
     def command(self) -> list[str]:
         assert self.root is not None

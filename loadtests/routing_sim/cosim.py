@@ -341,7 +341,9 @@ class _Sim:
         end = self.spec.duration
         phase = int(now // self.spec.phase_s) if now < end else None
         met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
-        self.done.append(Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason))
+        self.done.append(
+            Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason)
+        )
         self.busy_users.discard(req.user)
         if req.user < self.wanted:
             self.send(req.user)

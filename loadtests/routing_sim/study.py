@@ -553,9 +553,8 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     progress.advance(bar)
     wall = time.perf_counter() - t0
     report = build_report(opts, done, wall, code)
-    report["decision_alone"] = decision_alone(
-        ("learned", "golden-range", "least-loaded"), per_round=max(1, opts.decision_calls // 5)
-    )
+    report["decision_alone"] = decision_alone(("learned", "golden-range", "least-loaded"),
+                                              per_round=max(1, opts.decision_calls // 5))
     print_report(console, report)
     if opts.out is not None:
         write(opts.out, report)

@@ -412,8 +412,7 @@ def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_s
                 tasks = [asyncio.create_task(c.post(a + "/v1/completions", json=body))
                          for _ in range(6)]  # fmt: skip
                 seen = await asyncio.to_thread(
-                    wait_until, lambda: sum(inflight(b).values()) == 6, "6 in flight", 3.0
-                )
+                    wait_until, lambda: sum(inflight(b).values()) == 6, "6 in flight", 3.0)
                 assert seen, inflight(b)
                 assert inflight(b) == inflight(a)
                 # B routes by the load A put there: three more land on the less loaded backend.
@@ -424,8 +423,7 @@ def test_two_replicas_share_in_flight_load_through_redis(tmp_path: Path, redis_s
                     assert r.headers["x-tiergate-backend"] == lighter
                 await asyncio.gather(*tasks)
             drained = await asyncio.to_thread(
-                wait_until, lambda: sum(inflight(b).values()) == 0, "none in flight", 3.0
-            )
+                wait_until, lambda: sum(inflight(b).values()) == 0, "none in flight", 3.0)
             assert drained
 
         asyncio.run(run())

@@ -164,10 +164,8 @@ def test_requests_run_one_at_a_time_and_the_queue_is_visible(server: Server) -> 
         async with httpx.AsyncClient(timeout=30) as client:
 
             async def one() -> float:
-                await client.post(
-                    server.url + "/v1/completions",
-                    json={"model": MODEL, "prompt": "a b", "max_tokens": 20, "ignore_eos": True},
-                )
+                await client.post(server.url + "/v1/completions", json={
+                    "model": MODEL, "prompt": "a b", "max_tokens": 20, "ignore_eos": True})
                 return time.monotonic()
 
             tasks = [asyncio.create_task(one()) for _ in range(4)]

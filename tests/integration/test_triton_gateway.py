@@ -267,8 +267,7 @@ def test_gateway_reads_triton_load_from_its_metrics_port(d: Deployment) -> None:
                 headers={"x-sim-fault": "slow=30"})) for _ in range(3)]  # fmt: skip
             try:
                 seen = await asyncio.to_thread(
-                    wait_until, lambda: state(d.mixed)[t]["waiting"] == 3, "3 waiting", 10
-                )
+                    wait_until, lambda: state(d.mixed)[t]["waiting"] == 3, "3 waiting", 10)
                 assert seen, state(d.mixed)[t]
                 row = state(d.mixed)[t]
                 assert (row["healthy"], row["stale"], row["inflight"]) == (True, False, 0)

@@ -130,13 +130,8 @@ def test_the_splice_keeps_the_first_streams_id_and_counts_the_whole_answer() -> 
 
 def test_the_splice_drops_a_second_role_delta() -> None:
     s = Splicer(progress(), chat=True)
-    out = s.feed(
-        sse(
-            chat({"role": "assistant", "content": ""}),
-            chat({"role": "assistant", "content": "more"}),
-            chat({"content": "!"}),
-        )
-    )
+    out = s.feed(sse(chat({"role": "assistant", "content": ""}),
+                     chat({"role": "assistant", "content": "more"}), chat({"content": "!"})))
     deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in out.decode().split("\n\n") if e]
     # the role-only event is gone; one with content keeps its content, not its role
     assert deltas == [{"content": "more"}, {"content": "!"}]

@@ -151,9 +151,8 @@ def test_the_command_writes_the_report(tmp_path: Path) -> None:
             assert cost["samples"] == 500
     md = (tmp_path / "routing-sim.md").read_text()
     assert "`learned` alone, 16 backends: p50" in md
-    assert (
-        "--deployment tutorial --shape burst --slo interactive --decision-calls 500 --out DIR" in md
-    )
+    assert ("--deployment tutorial --shape burst --slo interactive --decision-calls 500 --out DIR"
+            in md)
     assert str(tmp_path) not in md
 
 
@@ -197,12 +196,8 @@ def test_when_learned_settles_against_the_oracle(
 
 def test_each_deployment_runs_its_own_slo_classes() -> None:
     opts = Options(deployments=("tutorial", "knee-64"), shapes=("step",))
-    assert cells_of(opts) == [
-        ("tutorial", "step", "interactive"),
-        ("tutorial", "step", "standard"),
-        ("knee-64", "step", "tight"),
-        ("knee-64", "step", "standard"),
-    ]
+    assert cells_of(opts) == [("tutorial", "step", "interactive"), ("tutorial", "step", "standard"),
+                              ("knee-64", "step", "tight"), ("knee-64", "step", "standard")]
     only = Options(deployments=("tutorial", "knee-64"), shapes=("step",), slos=("standard",))
     assert [c[0] for c in cells_of(only)] == ["tutorial", "knee-64"]
     for name, d in DEPLOYMENTS.items():

@@ -127,10 +127,8 @@ def test_a_roofline_is_recovered_from_its_points(truth: Roofline, xs: tuple[int,
     ("points", "expected"),
     [
         ([(4, 0.003, 1.0)], Roofline(0.003)),  # one point: flat
-        (
-            [(4, 0.003, 1.0), (8, 0.002, 1.0)],  # falling
-            Roofline((1 / 0.003 + 1 / 0.002) / (1 / 0.003**2 + 1 / 0.002**2)),
-        ),
+        ([(4, 0.003, 1.0), (8, 0.002, 1.0)],  # falling
+         Roofline((1 / 0.003 + 1 / 0.002) / (1 / 0.003**2 + 1 / 0.002**2))),
     ],
 )
 def test_a_roofline_never_falls(points: list[tuple[int, float, float]],

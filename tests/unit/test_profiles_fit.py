@@ -107,15 +107,8 @@ def test_h200_eagles_are_one_engine_with_another_workload(name: str, mean: float
     assert variant.speculative.mean_tokens_per_step() == pytest.approx(mean, abs=0.01)
 
 
-@pytest.mark.parametrize(
-    ("name", "knee"),
-    [
-        ("h200-eagle-a21", 32),
-        ("h200-eagle-a27", 48),
-        ("h200-eagle-a31", 64),
-        ("h200-eagle-a40", 96),
-    ],
-)
+@pytest.mark.parametrize(("name", "knee"), [("h200-eagle-a21", 32), ("h200-eagle-a27", 48),
+                                            ("h200-eagle-a31", 64), ("h200-eagle-a40", 96)])
 def test_h200_eagles_cross_awq_where_their_names_say(name: str, knee: int) -> None:
     """Closed-loop TPOT: EAGLE faster than AWQ at 3/4 of its knee, slower at 5/4 of it."""
 

@@ -20,24 +20,14 @@ from tests.unit.routingfixtures import T0, T1, load, snap
         pytest.param(load(0, 0, inflight=7, stale=True), 7, id="stale-inflight-above-scrape"),
         pytest.param(BackendLoad(), 0, id="defaults"),
         # With the in-flight count the scrape saw: ours now, plus the others it saw then.
-        pytest.param(
-            BackendLoad(running=3, waiting=2, inflight=4, inflight_at_scrape=5),
-            4,
-            id="ours-ended-since-the-scrape",
-        ),
-        pytest.param(
-            BackendLoad(running=8, waiting=2, inflight=4, inflight_at_scrape=5),
-            9,
-            id="others-beside-ours",
-        ),
-        pytest.param(
-            BackendLoad(running=1, inflight=6, inflight_at_scrape=2), 6, id="ours-not-yet-running"
-        ),
-        pytest.param(
-            BackendLoad(running=30, inflight=3, inflight_at_scrape=0, stale=True),
-            3,
-            id="stale-with-the-count",
-        ),
+        pytest.param(BackendLoad(running=3, waiting=2, inflight=4, inflight_at_scrape=5), 4,
+                     id="ours-ended-since-the-scrape"),
+        pytest.param(BackendLoad(running=8, waiting=2, inflight=4, inflight_at_scrape=5), 9,
+                     id="others-beside-ours"),
+        pytest.param(BackendLoad(running=1, inflight=6, inflight_at_scrape=2), 6,
+                     id="ours-not-yet-running"),
+        pytest.param(BackendLoad(running=30, inflight=3, inflight_at_scrape=0, stale=True), 3,
+                     id="stale-with-the-count"),
     ],
 )
 def test_effective_load(bl: BackendLoad, effective: int) -> None:
