@@ -489,10 +489,15 @@ async def measure(
                     assert wrk is not None
                     binary, small_lua, sse_lua = wrk
                     script = small_lua if cell.part == "wrk-small" else sse_lua
-                    run = await run_wrk(
-                        binary, target, script, opts.wrk_seconds, c, opts.wrk_threads,
-                        opts.wrk_timeout_s,
-                    )  # fmt: skip
+                    seconds = opts.wrk_seconds
+                    run = await run_wrk(binary, target, script, seconds, c, opts.wrk_threads,
+                                        opts.wrk_timeout_s)  # fmt: skip
+                    while run.requests == 0 and seconds < 8 * opts.wrk_seconds:
+                        # Not one answer in the window (a machine this busy): a run twice as
+                        # long replaces it, rather than a rate of 0 that measured nothing.
+                        seconds *= 2
+                        run = await run_wrk(binary, target, script, seconds, c,
+                                            opts.wrk_threads, opts.wrk_timeout_s)  # fmt: skip
                     raw.wrk.setdefault((cell.part, name), []).append(run)
                     progress.advance(task)
                     continue

@@ -480,3 +480,13 @@ def with_mate(own: Prediction, mate: Prediction, unlike: float) -> Prediction:
         table.append(max(math.exp(mean), table[-1]))  # the curve only rises
         doubt.append(math.sqrt(var))
     return replace(own, tpot=Curve.tabled(table, own.tpot.evidence), doubt=tuple(doubt))
+
+
+def mate_prior(mate: Prediction, unlike: float) -> Prediction:
+    """What a backend that joined a tier (found by discovery) and has seen nothing yet starts
+    from: its busiest tier-mate's curves, each point `unlike` more in doubt (ln TPOT), as if one
+    stream had been seen there (frontier 1, so that routing weighs it as known) and never when
+    (so that exploration still counts it unseen). Its own observations replace it."""
+    doubt = mate.doubt or (0.0,) * (TABLE_MAX + 1)
+    return replace(mate, frontier=1, observed_at=None,
+                   doubt=tuple(math.hypot(d, unlike) for d in doubt))  # fmt: skip

@@ -14,7 +14,13 @@ import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from gateway.backends.latency_model import UNKNOWN, BackendModel, EngineSample, with_mate
+from gateway.backends.latency_model import (
+    UNKNOWN,
+    BackendModel,
+    EngineSample,
+    mate_prior,
+    with_mate,
+)
 from gateway.backends.registry import BackendEntry, Registry
 from gateway.config.settings import Settings
 from gateway.core import api
@@ -69,25 +75,55 @@ class Learner:
     ) -> None:
         self.registry, self.telemetry, self.clock = registry, telemetry, clock
         self.slo = settings.slo.slo()
-        cfg = settings.learning
-        self.models = {
-            e.url: BackendModel(cfg.memory, cfg.acceptance_halflife_s, cfg.spread,
-                                cfg.ridge_max_tokens)
-            for e in registry
-        }
-        self.unlike = cfg.tier_unlike
+        self.cfg = settings.learning
+        self.unlike = self.cfg.tier_unlike
+        self.models: dict[str, BackendModel] = {}
         # Each backend's prediction from its own observations; routing reads them told what
-        # their tier-mates have seen (with_mate).
-        self.own: dict[str, Prediction] = dict.fromkeys(self.models, UNKNOWN)
+        # their tier-mates have seen (with_mate): a backend that joins a tier learns from its
+        # mates at once.
+        self.own: dict[str, Prediction] = {}
         self.tiers: dict[str, list[str]] = {}
-        for e in registry:
-            self.tiers.setdefault(e.backend.tier, []).append(e.url)
-        self.registry.curves = MappingProxyType(dict.fromkeys(self.models, UNKNOWN))
-        self._dirty: set[str] = set(self.models)
+        # Backends discovery found while the gateway ran: they start from a mate's curves.
+        self.joined: set[str] = set()
+        self.registry.curves = MappingProxyType({})
+        self._dirty: set[str] = set()
+        self._generation = -1
+        self._follow()
         self.refresh()
+
+    def _follow(self) -> None:
+        """Learn of the registry's backends as they are now (discovery adds and forgets)."""
+        if self._generation == self.registry.generation:
+            return
+        self._generation = self.registry.generation
+        cfg, now = self.cfg, {e.url: e for e in self.registry}
+        for url, e in now.items():
+            if url not in self.models:
+                self.models[url] = BackendModel(cfg.memory, cfg.acceptance_halflife_s,
+                                                cfg.spread, cfg.ridge_max_tokens)  # fmt: skip
+                self.own[url] = UNKNOWN
+                self.tiers.setdefault(e.backend.tier, []).append(url)
+                if e.discovered:
+                    self.joined.add(url)
+                self._dirty.add(url)
+        gone = set(self.models) - set(now)
+        if gone:
+            for url in gone:
+                del self.models[url], self.own[url]
+                self.joined.discard(url)
+            self.tiers = {t: kept for t, urls in self.tiers.items()
+                          if (kept := [u for u in urls if u not in gone])}  # fmt: skip
+            self._dirty -= gone
+            self.registry.curves = MappingProxyType(
+                {u: p for u, p in self.registry.curves.items() if u not in gone})
+            for urls in self.tiers.values():  # a mate ahead may be gone: tell them anew
+                self._dirty.update(urls)
 
     # -- in ------------------------------------------------------------------------------------
     def scraped(self, entry: BackendEntry, stats: Mapping[str, EngineStats], now: float) -> None:
+        self._follow()
+        if entry.url not in self.models:
+            return
         self.models[entry.url].observe_engine(engine_sample(stats), now)
         self._dirty.add(entry.url)
 
@@ -99,7 +135,11 @@ class Learner:
             return
         if ex.continuations:  # its TPOT is two backends' (and a gap): no one's curve
             return
-        entry = self.registry.entry(b.url)
+        entry = self.registry.entries.get(b.url)
+        if entry is None:  # forgotten (gone from discovery) while the stream ended
+            return
+        if self._generation != self.registry.generation:
+            self._follow()
         now = self.clock()
         decoding = None
         if tpot is not None and ex.busy_mark is not None:
@@ -113,12 +153,16 @@ class Learner:
     def slow_start(self, url: str, load: int, waited: float) -> None:
         """A stream left `url` for a hedge after `waited` s without a byte at `load`: a TTFT
         it has at least, learned at once so that routing keeps away while it stays slow."""
+        self._follow()
+        if url not in self.models:
+            return
         self.models[url].observe_request(self.clock(), None, (max(1, load), waited))
         self._dirty.add(url)
 
     # -- out -----------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Refit what learned something since the last call and hand it to routing."""
+        self._follow()
         if not self._dirty:
             return
         curves = dict(self.registry.curves)
@@ -134,9 +178,11 @@ class Learner:
                 # Unchanged unless it or the mate ahead learned (a new mate ahead learned).
                 if url not in self._dirty and ahead not in self._dirty:
                     continue
-                pred = self.own[url]
-                if url != ahead:
-                    pred = with_mate(pred, self.own[ahead], self.unlike)
+                pred, mate = self.own[url], self.own[ahead]
+                if url != ahead and not pred.known and url in self.joined and mate.known:
+                    pred = mate_prior(mate, self.unlike)
+                elif url != ahead:
+                    pred = with_mate(pred, mate, self.unlike)
                 curves[url] = pred
                 self._gauges(self.registry.entry(url), pred)
         self._dirty.clear()

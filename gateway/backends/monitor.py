@@ -89,15 +89,31 @@ class Monitor:
         self.registry, self.cfg, self.session = registry, cfg, session
         # The registry's clock: scrapes are stamped on the clock leases and snapshots use.
         self.telemetry, self.clock, self.learner = telemetry, registry.clock, learner
-        self._watch = {e.url: _Watch() for e in registry}
         self._task: asyncio.Task[None] | None = None
+        self._closing: list[Readiness] = []  # of backends forgotten, closed by the next round
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
+        self._watch: dict[str, _Watch] = {}
         # Kinds with a readiness check of their own (Triton's, through tritonclient).
         self._ready: dict[str, Readiness] = {}
-        for e in registry:
-            ready = e.kind.readiness(e, e.own_transport, cfg.scrape_timeout_s)
-            if ready is not None:
-                self._ready[e.url] = ready
+        self._generation = -1
+        self._follow()
+
+    def _follow(self) -> None:
+        """Watch the registry's backends as they are now (discovery adds and forgets some)."""
+        if self._generation == self.registry.generation:
+            return
+        self._generation = self.registry.generation
+        urls = {e.url for e in self.registry}
+        for e in self.registry:
+            if e.url not in self._watch:
+                self._watch[e.url] = _Watch()
+                ready = e.kind.readiness(e, e.own_transport, self.cfg.scrape_timeout_s)
+                if ready is not None:
+                    self._ready[e.url] = ready
+        for url in set(self._watch) - urls:
+            del self._watch[url]
+            if (gone := self._ready.pop(url, None)) is not None:
+                self._closing.append(gone)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -108,7 +124,7 @@ class Monitor:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for ready in self._ready.values():
+        for ready in [*self._ready.values(), *self._closing]:
             await ready.aclose()
 
     async def _run(self) -> None:
@@ -123,7 +139,7 @@ class Monitor:
     def due(self, entry: BackendEntry, now: float) -> bool:
         """Backends up every round; those down when their next probe is due."""
         st = entry.live
-        if not st.down:
+        if not st.down or st.eject_reason == "joining":  # a discovered backend: probed at once
             return True
         return now >= max(self._watch[entry.url].next_probe,
                           st.ejected_at + self.cfg.probe_interval_s)  # fmt: skip
@@ -133,11 +149,15 @@ class Monitor:
 
     async def refresh(self) -> None:
         """Scrape every backend due, record what came back, publish it."""
+        self._follow()
+        while self._closing:
+            await self._closing.pop().aclose()
         now = self.clock()
         due = [e for e in self.registry if self.due(e, now)]
         results = await asyncio.gather(*(self._fetch(e, self.health_due(e, now)) for e in due))
         for entry, result in zip(due, results, strict=True):
-            self.observe(entry, result, now)
+            if self.registry.entries.get(entry.url) is entry:  # not forgotten meanwhile
+                self.observe(entry, result, now)
         self.registry.tick()
         self._publish(now)
         if self.learner is not None:

@@ -22,7 +22,6 @@ from typing import Any
 from gateway.backends.outlier import Mode, OutlierState, Verdict
 from gateway.backends.state import InflightStore
 from gateway.config.settings import BackendConfig, Settings, kind_options
-from gateway.core.transport import Transport, UpstreamResponse
 from gateway.observe.telemetry import Telemetry
 from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
 from gateway.routing.curves import Prediction
@@ -55,16 +54,6 @@ class LiveStatus:
     ejected_at: float = 0.0
 
 
-class _NoTransport:
-    async def post(
-        self, base: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> UpstreamResponse:
-        raise RuntimeError(f"no transport for {base}: gateway.pipeline.upstream sets the HTTP pool")
-
-
-_NO_TRANSPORT = _NoTransport()
-
-
 @dataclass(eq=False)
 class BackendEntry:
     backend: Backend
@@ -93,8 +82,11 @@ class BackendEntry:
     slos: tuple[tuple[float, int], ...] = ()
     # How requests reach it: its kind's own transport where it brings one (Triton's gRPC
     # stream), else the gateway's HTTP pool, which gateway.pipeline.upstream sets.
-    transport: Transport = _NO_TRANSPORT
     own_transport: OwnTransport | None = None
+    # Found by discovery; and when discovery lost it (registry clock): no new requests from
+    # then on, forgotten once idle.
+    discovered: bool = False
+    left_at: float | None = None
 
     @functools.cached_property
     def adapter(self) -> WireAdapter:
@@ -230,14 +222,15 @@ class ChangeSignal:
 class Lease:
     """One attempt's claim on a backend: counted in flight from `with` to its end."""
 
-    __slots__ = ("cut", "displaced", "ejected", "entry", "held", "last_io", "on_cut", "rank",
-                 "registry", "slo", "task")  # fmt: skip
+    __slots__ = ("cut", "displaced", "ejected", "entry", "gone", "held", "last_io", "on_cut",
+                 "rank", "registry", "slo", "task")  # fmt: skip
 
     def __init__(
         self, registry: Registry, entry: BackendEntry, task: asyncio.Task[Any], slo: float
     ) -> None:
         self.registry, self.entry, self.task, self.slo = registry, entry, task, slo
         self.ejected = False  # set when the backend's ejection cancelled this attempt
+        self.gone = False  # set when the backend's leaving the pool cancelled it
         # Its request's priority (gateway.pipeline.tenants), and whether a request of a higher one
         # took its place before its first byte (`Registry.displace`).
         self.rank = 1
@@ -296,6 +289,8 @@ class Lease:
         e.inflight_gauge.dec()
         e.count_lease(-1, self.slo, self.registry.clock())
         self.registry.changed.notify_one()
+        if e.left_at is not None:
+            self.registry.forget_if_idle(e)
 
 
 class Registry:
@@ -310,30 +305,46 @@ class Registry:
         """`kinds`: the engine kinds backends' `kind` names (checked by the configuration:
         gateway.config.settings.kind_problems)."""
         self.store, self.telemetry, self.clock = store, telemetry, clock
+        self.kinds, self.timeout_s = kinds, settings.request_timeout_s
         self.outlier_cfg = settings.outlier
         # A scrape older than three intervals is old news: routing then trusts only the
         # gateway's own in-flight counts.
         self.stale_after = 3 * settings.monitor.scrape_interval_s
+        self.cap = settings.policy.latency_hard_cap if settings.workers > 1 else None
         self.entries: dict[str, BackendEntry] = {}
-        cap = settings.policy.latency_hard_cap if settings.workers > 1 else None
         for tier in settings.tiers:
             for cfg in tier.backends:
-                b = Backend(cfg.url, tier.name, Role(tier.role), frozenset(cfg.models))
-                gauge = telemetry.inflight.labels(b.role.value, b.url)
-                kind = kinds[cfg.kind]
-                options = kind_options(cfg, kind)
-                entry = self.entries[b.url] = BackendEntry(b, cfg, kind, options, gauge)
-                own = kind.transport(entry, settings.request_timeout_s)
-                if own is not None:
-                    entry.own_transport = entry.transport = own
-                if b.role is Role.LATENCY:
-                    self.entries[b.url].cap = cap
+                self._add(tier.name, Role(tier.role), cfg)
         # The in-flight counts of the last snapshot routing got: a lease enforces a backend's
         # cap only where that count was below it (a policy that knowingly goes past the cap,
         # as the tier-blind and single-tier baselines do, is not second-guessed).
         self.seen: Mapping[str, int] = {}
-        self.backends = tuple(e.backend for e in self.entries.values())
-        self.models = frozenset(m for b in self.backends for m in b.models)
+        # Every model a tier serves, listed or to be discovered.
+        self.models = frozenset(m for tier in settings.tiers for m in tier.models)
+        # Own transports of backends forgotten, for the discovery's loop to close.
+        self.closing: list[OwnTransport] = []
+        self.generation = 0  # counts the changes of membership (joins, leaves, forgets)
+        self._derive()
+        self.changed = ChangeSignal()
+        # The latency model's predictions per url, replaced whole by the learner when it learns.
+        self.curves: Mapping[str, Prediction] = MappingProxyType({})
+
+    # -- membership -------------------------------------------------------------------------
+    def _add(self, tier: str, role: Role, cfg: BackendConfig) -> BackendEntry:
+        b = Backend(cfg.url, tier, role, frozenset(cfg.models))
+        gauge = self.telemetry.inflight.labels(b.role.value, b.url)
+        kind = self.kinds[cfg.kind]
+        entry = self.entries[b.url] = BackendEntry(b, cfg, kind, kind_options(cfg, kind), gauge)
+        entry.own_transport = kind.transport(entry, self.timeout_s)
+        if b.role is Role.LATENCY:
+            entry.cap = self.cap
+        return entry
+
+    def _derive(self) -> None:
+        """What follows from the membership: the backends routing sees (not those that left),
+        who serves what, the kinds to ask."""
+        self.generation += 1
+        self.backends = tuple(e.backend for e in self.entries.values() if e.left_at is None)
         # Backends by the models they serve, overall and per role: who could ever serve a
         # request, before health and exclusions.
         serving: dict[tuple[str, Role | None], set[str]] = {}
@@ -344,13 +355,73 @@ class Registry:
         self._serving = {k: frozenset(v) for k, v in serving.items()}
         # Kinds that cannot take every request, with their backends: asked per request.
         restricting: dict[str, tuple[WireAdapter, set[str]]] = {}
-        for e in self.entries.values():
-            if e.adapter.restricts:
-                restricting.setdefault(e.adapter.kind, (e.adapter, set()))[1].add(e.url)
+        for b in self.backends:
+            adapter = self.entries[b.url].adapter
+            if adapter.restricts:
+                restricting.setdefault(adapter.kind, (adapter, set()))[1].add(b.url)
         self.restricted = tuple((a, frozenset(urls)) for a, urls in restricting.values())
-        self.changed = ChangeSignal()
-        # The latency model's predictions per url, replaced whole by the learner when it learns.
-        self.curves: Mapping[str, Prediction] = MappingProxyType({})
+
+    def join(self, tier: str, role: Role, cfg: BackendConfig) -> BackendEntry:
+        """A backend discovery found: out of rotation until the monitor's first good probe
+        (a backend that had left and is back takes requests again at once)."""
+        entry = self.entries.get(cfg.url)
+        if entry is not None:
+            if entry.left_at is not None:
+                entry.left_at = None
+                self._derive()
+                log.info("backend back in discovery", extra={"fields": {"backend": cfg.url}})
+            return entry
+        entry = self._add(tier, role, cfg)
+        entry.discovered = True
+        st = entry.live
+        st.down = st.ejected = True
+        st.eject_reason, st.ejected_at = "joining", self.clock()
+        self._derive()
+        log.info("backend joined", extra={"fields": {"backend": cfg.url, "tier": tier}})
+        return entry
+
+    def leave(self, url: str) -> None:
+        """A backend gone from discovery: no new request from now on; the attempts waiting
+        there for a first byte move on, its streams may finish (`cut_left`), and it is
+        forgotten when its last lease ends."""
+        entry = self.entries.get(url)
+        if entry is None or entry.left_at is not None:
+            return
+        entry.left_at = self.clock()
+        self._derive()
+        log.info("backend left", extra={"fields": {
+            "backend": url, "streams": len(entry.streaming)}})  # fmt: skip
+        self._move_waiting(entry, gone=True)
+        self.forget_if_idle(entry)
+
+    def joining(self, model: str) -> bool:
+        """Whether a backend of `model` found by discovery waits for its first probe."""
+        return any(e.live.eject_reason == "joining" and e.live.down and e.left_at is None
+                   and model in e.backend.models for e in self.entries.values())  # fmt: skip
+
+    def forget_if_idle(self, entry: BackendEntry) -> None:
+        """Forget a backend that left once nothing of this gateway runs there: its entry, its
+        metrics series, its in-flight count."""
+        if entry.left_at is None or entry.busy or self.entries.get(entry.url) is not entry:
+            return
+        del self.entries[entry.url]
+        if entry.own_transport is not None:
+            self.closing.append(entry.own_transport)
+        self.telemetry.forget_backend(entry.url)
+        self.generation += 1
+        log.info("backend forgotten", extra={"fields": {"backend": entry.url}})
+
+    def cut_left(self, drain_s: float) -> int:
+        """Cut the streams still running on backends that left more than `drain_s` ago (they
+        continue on another backend). Returns how many."""
+        now, cut = self.clock(), 0
+        for e in tuple(self.entries.values()):
+            if e.left_at is not None and now - e.left_at >= drain_s:
+                for lease in tuple(e.streaming):
+                    if lease.cut is None:
+                        lease.cut_stream("left")
+                        cut += 1
+        return cut
 
     # -- what the request path asks --------------------------------------------------------
     def entry(self, url: str) -> BackendEntry:
@@ -381,6 +452,7 @@ class Registry:
                 inflight_at_scrape=st.inflight_at_scrape,
             )
             for url, e in self.entries.items()
+            if e.left_at is None
         }
         return LoadSnapshot(self.backends, loads, now, self.curves)
 
@@ -423,7 +495,8 @@ class Registry:
         return b
 
     def healthy_models(self) -> set[str]:
-        return {m for e in self.entries.values() if not e.live.ejected for m in e.backend.models}
+        return {m for e in self.entries.values() if not e.live.ejected and e.left_at is None
+                for m in e.backend.models}  # fmt: skip
 
     def inflight(self, entry: BackendEntry) -> int:
         """Requests in flight at `entry` through the gateway (every replica's, as known)."""
@@ -497,16 +570,22 @@ class Registry:
         level = logging.DEBUG if again else logging.WARNING
         log.log(level, "backend ejected", extra={"fields": {
             "backend": b.url, "reason": reason, "out": how_long}})  # fmt: skip
+        self._move_waiting(entry)
+        for lease in tuple(entry.streaming):
+            lease.cut_stream("ejected")
+
+    @staticmethod
+    def _move_waiting(entry: BackendEntry, gone: bool = False) -> None:
+        """The attempts waiting at `entry` for a first byte move on to the next candidate
+        (`gone`: the backend left the pool, which is no failure of theirs)."""
         if entry.waiting:  # leases exist only inside the event loop
             # An attempt whose own failure caused the ejection is already moving on: spare it.
             current = asyncio.current_task()
             for lease in tuple(entry.waiting):
                 if lease.task is not current:
-                    lease.ejected = True
+                    lease.ejected, lease.gone = not gone, gone
                     lease.task.cancel()
             entry.waiting.clear()
-        for lease in tuple(entry.streaming):
-            lease.cut_stream("ejected")
 
     def cut_idle(self, now: float, idle_s: float) -> int:
         """Cut the streams whose engine has sent nothing for `idle_s` (on the relay's clock);

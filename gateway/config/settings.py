@@ -40,9 +40,13 @@ from gateway.wire.kinds import BUILTIN
 
 __all__ = [
     "BackendConfig",
+    "BackendTemplate",
     "ConfigError",
     "ContinuationConfig",
+    "DiscoveryConfig",
+    "DnsDiscovery",
     "HedgeConfig",
+    "KubernetesDiscovery",
     "LimitsConfig",
     "MonitorConfig",
     "OutlierConfig",
@@ -144,11 +148,119 @@ class BackendConfig(_Model):
         return self.metrics_url or self.url + "/metrics"
 
 
+class BackendTemplate(_Model):
+    """What each discovered backend of a tier is: a backend's fields but its URL (and with the
+    metrics' port and path in place of their URL). Its kind's options sit beside these."""
+
+    api_key: SecretStr | None = None
+    models: list[NonEmptyStr] = Field(min_length=1)
+    kind: KindName = "vllm"
+    # Where the monitor reads load: this port of the discovered address (default: the
+    # backend's own), at this path. Triton serves metrics on a port of their own (8002).
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_path: str = Field(default="/metrics", pattern=r"^/")
+
+    # Extras are the kind's options, checked against the kind by `kind_problems`.
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    def at(self, url: str) -> BackendConfig:
+        """The backend discovered at `url` (scheme://host:port)."""
+        parts = urlsplit(url)
+        metrics = parts._replace(netloc=f"{_host(parts.hostname or '')}:{self.metrics_port}"
+                                 if self.metrics_port else parts.netloc,
+                                 path=self.metrics_path)  # fmt: skip
+        return BackendConfig(url=url, api_key=self.api_key, models=self.models, kind=self.kind,
+                             metrics_url=metrics.geturl(), **(self.model_extra or {}))  # fmt: skip
+
+
+def _host(host: str) -> str:
+    """A host as a URL writes it: IPv6 addresses in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+class DnsDiscovery(_Model):
+    """Backends from DNS: every address of `name` (A or AAAA records, at `port`), or every
+    target and port of its SRV records; re-resolved every `interval_s`, sooner when the
+    answer's TTL runs out sooner (a Kubernetes headless Service's name gives its ready pods)."""
+
+    name: NonEmptyStr
+    record: Literal["A", "AAAA", "SRV"] = "A"
+    port: int | None = Field(default=None, ge=1, le=65535)  # for A and AAAA: the engines' port
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(default=5.0, gt=0)
+    # The fastest re-resolution a short TTL may ask for.
+    min_interval_s: float = Field(default=0.2, gt=0)
+    # host or host:port of the DNS servers to ask (default: the system's, /etc/resolv.conf).
+    nameservers: list[NonEmptyStr] = []
+    timeout_s: float = Field(default=2.0, gt=0)  # per resolution, every server tried
+
+    @model_validator(mode="after")
+    def _check_port(self) -> Self:
+        if self.record == "SRV" and self.port is not None:
+            raise _FieldError("port", "SRV records carry their own ports; leave port out")
+        if self.record != "SRV" and self.port is None:
+            raise _FieldError("port", f"{self.record} records carry no port: set the engines' port")
+        if self.min_interval_s > self.interval_s:
+            raise _FieldError("min_interval_s", "must not exceed interval_s")
+        return self
+
+
+class KubernetesDiscovery(_Model):
+    """Backends from a Service's EndpointSlices, watched through the Kubernetes API: each ready
+    endpoint's address at the named port; terminating or not-ready endpoints take no new
+    requests. In a pod it uses the pod's service account (the Role in deploy/k8s/), elsewhere
+    the kubeconfig."""
+
+    service: NonEmptyStr
+    namespace: NonEmptyStr | None = None  # default: the pod's own, else "default"
+    port: NonEmptyStr | int  # the Service's port name, or a port number
+    scheme: Literal["http", "https"] = "http"
+    kubeconfig: Path | None = None  # outside a cluster: this file (default: $KUBECONFIG, ~/.kube)
+    # A watch that ends (the API server closes it after a while) is started again after this.
+    retry_s: float = Field(default=1.0, gt=0)
+
+
+class DiscoveryConfig(_Model):
+    """Where a tier's backends come from while it runs: DNS or the Kubernetes API (one of
+    the two), each found address a backend made from `backend`."""
+
+    dns: DnsDiscovery | None = None
+    kubernetes: KubernetesDiscovery | None = None
+    backend: BackendTemplate
+    # A backend gone from discovery takes no new requests at once; its streams may finish
+    # for this long, then the rest are cut and continue on another backend.
+    drain_s: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_source(self) -> Self:
+        if (self.dns is None) == (self.kubernetes is None):
+            raise _FieldError("dns", "set exactly one source: dns or kubernetes")
+        return self
+
+    @property
+    def source(self) -> str:
+        return "dns" if self.dns is not None else "kubernetes"
+
+
 class TierConfig(_Model):
     name: TierName  # how metrics, logs and /state name the tier
     # latency: the fast tier (EAGLE), filled to its knee; throughput: the pool.
     role: Literal["latency", "throughput"]
-    backends: list[BackendConfig] = Field(min_length=1)  # the tier's engines
+    backends: list[BackendConfig] = []  # the tier's engines, listed
+    # Or found while the gateway runs (beside any listed): docs/discovery.md.
+    discovery: DiscoveryConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_some_backends(self) -> Self:
+        if not self.backends and self.discovery is None:
+            raise _FieldError("backends", "list at least one backend, or set discovery")
+        return self
+
+    @property
+    def models(self) -> frozenset[str]:
+        """The models its backends serve, listed or to be discovered."""
+        found = self.discovery.backend.models if self.discovery is not None else []
+        return frozenset(m for b in self.backends for m in b.models) | frozenset(found)
 
 
 class VariantConfig(_Model):
@@ -602,8 +714,11 @@ def kind_problems(tiers: Sequence[TierConfig], kinds: Mapping[str, EngineKind]) 
     """Each backend's kind, known in `kinds`, and its options, valid for that kind."""
     problems = []
     for i, tier in enumerate(tiers):
-        for j, backend in enumerate(tier.backends):
-            where = f"tiers.{i}.backends.{j}"
+        listed = [(f"tiers.{i}.backends.{j}", b) for j, b in enumerate(tier.backends)]
+        if tier.discovery is not None:  # a backend as discovery would make it
+            listed.append((f"tiers.{i}.discovery.backend",
+                           tier.discovery.backend.at("http://discovered:1")))  # fmt: skip
+        for where, backend in listed:
             kind = kinds.get(backend.kind)
             if kind is None:
                 choices = ", ".join(sorted(kinds))
@@ -636,6 +751,12 @@ def _check_serving(settings: Settings) -> list[str]:
     problems += _tenant_problems(settings)
     if problems:
         return problems
+    if settings.workers > 1 and settings.redis_url is None:
+        for i, tier in enumerate(settings.tiers):
+            if tier.discovery is not None:
+                # The workers' shared table has a slot per backend, fixed when they start.
+                return [f"tiers.{i}.discovery: with workers > 1 it needs redis_url (the workers "
+                        "share discovered backends' counts through Redis)"]  # fmt: skip
     roles = {tier.role for tier in settings.tiers}
     if settings.policy.name == "latency-only" and "latency" not in roles:
         return ["policy.name: 'latency-only' needs a tier with role latency"]
@@ -663,7 +784,7 @@ def _tenant_problems(settings: Settings) -> list[str]:
 
 
 def _served(tiers: Sequence[TierConfig]) -> frozenset[str]:
-    return frozenset(m for t in tiers for b in t.backends for m in b.models)
+    return frozenset(m for t in tiers for m in t.models)
 
 
 def release_problems(releases: Sequence[ReleaseConfig], served: frozenset[str]) -> list[str]:

@@ -248,6 +248,13 @@ class BackendView(BaseModel):
         " a time until enough of them succeed.",
     )
     model: ModelView | None = Field(default=None, description="The learned latency curve.")
+    discovered: bool = Field(
+        default=False, description="Found by its tier's discovery (DNS or Kubernetes), not listed.")
+    left: bool = Field(
+        default=False,
+        description="Gone from discovery: it takes no new requests; its streams finish, then it"
+        " is forgotten.",
+    )
 
 
 class StateStoreView(BaseModel):

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
@@ -353,6 +354,21 @@ class Telemetry:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        self.discovered = Gauge(
+            "tiergate_discovered_backends",
+            "Backends a tier's discovery (DNS or the Kubernetes API) found in its last good"
+            " answer.",
+            ("tier",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.discovery_answers = Counter(
+            "tiergate_discovery_answers",
+            "Answers of a tier's discovery source, by outcome (error: it failed or found"
+            " nothing, and the tier kept its backends).",
+            ("tier", "source", "outcome"),
+            registry=r,
+        )
         self.slo_met = Counter(
             "tiergate_slo_met",
             "Streamed requests that met their TTFT and TPOT SLO, by tier and SLO class (the TPOT"
@@ -373,6 +389,16 @@ class Telemetry:
             self.child(self.hedges, outcome)
         for outcome in ("continued", "impossible", "failed"):
             self.child(self.continuations, outcome)
+
+    def forget_backend(self, url: str) -> None:
+        """Remove every series of a backend that left the pool (discovery). Kept with several
+        workers, whose files prometheus_client cannot remove series from."""
+        self._children = {k: c for k, c in self._children.items() if url not in k[1:]}
+        if self.multiprocess_dir is not None:
+            return
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and "backend" in metric._labelnames:
+                metric.remove_by_labels({"backend": url})
 
     def child(self, metric: Any, *labels: str) -> Any:
         """Cached `metric.labels(*labels)`."""

@@ -33,6 +33,9 @@ class Queueing:
     # Where an interactive request may take the place of a batch one still waiting for its
     # first byte on one of `candidates` (gateway.backends.registry.Registry.displace); None: never.
     displace: Callable[[Iterable[Backend], int], Backend | None] | None = None
+    # Whether a backend of the model is joining (found by discovery, its first probe due): a
+    # request no backend can take now waits for it rather than failing; None: never.
+    joining: Callable[[str], bool] | None = None
 
 
 class Admission:
@@ -46,14 +49,16 @@ class Admission:
     ) -> None:
         self.decide, self.changed = decide, changed
         self.deadline_s, self.priorities = queueing.deadline_s, queueing.priorities
-        self.displace = queueing.displace
+        self.displace, self.joining = queueing.displace, queueing.joining
         self.telemetry, self.clock = telemetry, clock
 
     async def admit(self, ex: Exchange) -> Decision:
         """The decision `ex` goes out with; a GatewayError (429, 503) when it cannot go."""
         req = ex.route_request()
         decision = self.decide(req) if ex.trace is None else ex.trace.route(self.decide, req)
-        if decision.reason == Reason.SATURATED or ex.displaced:
+        if decision.reason == Reason.SATURATED or ex.displaced or (
+            not decision.candidates and self._awaits(ex, decision)
+        ):
             # A displaced request waits its turn even where it sees room: the room is the one
             # it just gave up, for a request ahead of it in the queue.
             decision = await self._queue(ex, req, decision)
@@ -68,6 +73,10 @@ class Admission:
         t.child(t.decisions, decision.policy, decision.reason,
                 decision.candidates[0].role.value).inc()  # fmt: skip
         return decision
+
+    def _awaits(self, ex: Exchange, decision: Decision) -> bool:
+        """No backend can take it now, but one is joining (its first probe is due)."""
+        return not decision.candidates and self.joining is not None and self.joining(ex.model)
 
     async def _queue(self, ex: Exchange, req: RouteRequest, decision: Decision) -> Decision:
         deadline = self.clock() + self.deadline_s
@@ -89,7 +98,7 @@ class Admission:
                 woken = await self.changed.wait(max(0.0, deadline - self.clock()), rank=rank,
                                                 tenant=tenant)  # fmt: skip
                 decision = self.decide(req)
-            while decision.reason == Reason.SATURATED:
+            while decision.reason == Reason.SATURATED or self._awaits(ex, decision):
                 left = deadline - self.clock()
                 if left <= 0:
                     break

@@ -23,7 +23,7 @@ from typing import Protocol
 from gateway.config.settings import RetryConfig
 from gateway.routing import Backend
 
-__all__ = ["Displaced", "Full", "RetryBudget", "RetryExecutor", "RetryHooks", "Retryable"]
+__all__ = ["Displaced", "Full", "Gone", "RetryBudget", "RetryExecutor", "RetryHooks", "Retryable"]
 
 
 class Retryable(Exception):
@@ -49,6 +49,14 @@ class Full(Retryable):
 
     def __init__(self) -> None:
         super().__init__("full")
+
+
+class Gone(Full):
+    """The candidate left the pool (discovery lost it) after the decision: passed over like a
+    full one; the request is routed again if no other candidate answers."""
+
+    def __init__(self) -> None:
+        Retryable.__init__(self, "gone")
 
 
 class Displaced(Full):

@@ -144,7 +144,9 @@ class RequestTrace:
         pred = registry.curves.get(chosen.url)
         if pred is None or not pred.known:
             return
-        entry = registry.entry(chosen.url)
+        entry = registry.entries.get(chosen.url)
+        if entry is None:
+            return
         n = max(entry.live.running + entry.live.waiting, entry.busy) + 1
         span.set_attribute("tiergate.route.predicted_tpot_s", pred.tpot.at(n))
         span.set_attribute("tiergate.route.predicted_ttft_s", pred.ttft.at(n))

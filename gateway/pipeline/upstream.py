@@ -32,7 +32,7 @@ from gateway.core.transport import UpstreamResponse
 from gateway.observe.telemetry import Telemetry
 from gateway.pipeline.continuation import SplicedRelay, continued_body, replay, whole_events
 from gateway.pipeline.hedge import hedge_after, hedge_backend
-from gateway.pipeline.retry import Displaced, Full, Retryable, RetryExecutor
+from gateway.pipeline.retry import Displaced, Full, Gone, Retryable, RetryExecutor
 from gateway.pipeline.watchdog import StreamWatchdog
 from gateway.routing import Backend, Decision
 from gateway.wire import StreamRelay
@@ -86,9 +86,6 @@ class Upstream:
         self.clock = time.perf_counter
         # Who learns from hedges (the latency model).
         self.learner = learner
-        for entry in registry:
-            if entry.own_transport is None:
-                entry.transport = pool
         self.retry = RetryExecutor(settings.retry, self)
         self.continuation = settings.continuation
         self.hedge = settings.hedge
@@ -115,9 +112,10 @@ class Upstream:
 
     async def aclose(self) -> None:
         """Close the kinds' own transports (the HTTP pool is its owner's to close)."""
-        for entry in self.registry:
-            if entry.own_transport is not None:
-                await entry.own_transport.aclose()
+        for own in [*(e.own_transport for e in self.registry), *self.registry.closing]:
+            if own is not None:
+                await own.aclose()
+        self.registry.closing.clear()
 
     # -- RetryHooks ------------------------------------------------------------------------
     def attempt_failed(self, backend: Backend, error: Retryable, attempt: int) -> None:
@@ -152,7 +150,9 @@ class Upstream:
             await self._attempt(ex, backend)
 
     async def _attempt(self, ex: Exchange, backend: Backend) -> None:
-        entry = self.registry.entry(backend.url)
+        entry = self.registry.entries.get(backend.url)
+        if entry is None or entry.left_at is not None:
+            raise Gone  # it left the pool since the decision
         wire = entry.adapter
         ex.attempts += 1
         with self.registry.lease(entry, ex.slo.tpot_s, ex.task) as primary:
@@ -218,7 +218,8 @@ class Upstream:
             path, payload = request
             # A stream's headers come at once from a live engine: one that accepts the
             # connection but answers nothing by the hedge deadline is abandoned.
-            post = entry.transport.post(entry.url, path, payload, self._headers(ex, entry))
+            transport = entry.own_transport or self.pool
+            post = transport.post(entry.url, path, payload, self._headers(ex, entry))
             if after is None:  # no hedge: no deadline on the headers beyond the client's own
                 resp = await post
             else:
@@ -250,6 +251,9 @@ class Upstream:
             if lease.ejected:
                 lease.task.uncancel()
                 raise Retryable("ejected") from None
+            if lease.gone:
+                lease.task.uncancel()
+                raise Gone from None
             if lease.displaced:
                 lease.task.uncancel()
                 raise Displaced from None
@@ -280,8 +284,11 @@ class Upstream:
                 async with asyncio.timeout(after):
                     return lease, resp, await resp.content.readany()
             except TimeoutError:
-                unusable = ex.failed_urls | {u for u, e in self.registry.entries.items()
-                                             if e.live.ejected}  # fmt: skip
+                entries = self.registry.entries
+                unusable = ex.failed_urls | {
+                    b.url for b in ex.decision.candidates
+                    if (e := entries.get(b.url)) is None or e.live.ejected
+                    or e.left_at is not None}  # fmt: skip
                 other = hedge_backend(ex.decision.candidates, entry.url, unusable)
                 if other is not None:
                     return await self._hedge(ex, lease, resp, (other, limit - after))
@@ -291,8 +298,9 @@ class Upstream:
 
     def _hedge_after(self, ex: Exchange) -> float | None:
         curves, entries = self.registry.curves, self.registry.entries
-        return hedge_after(self.hedge, ((curves.get(b.url), entries[b.url].busy)
-                                        for b in ex.decision.candidates))  # fmt: skip
+        return hedge_after(self.hedge, ((curves.get(b.url), e.busy)
+                                        for b in ex.decision.candidates
+                                        if (e := entries.get(b.url)) is not None))  # fmt: skip
 
     async def _hedge(
         self,
@@ -352,7 +360,9 @@ class Upstream:
     ) -> tuple[Lease, UpstreamResponse, bytes]:
         """The hedge's own attempt, in a task of its own (so its lease is cancelled alone if
         its backend is ejected); its lease outlives the task when it wins."""
-        entry = self.registry.entry(backend.url)
+        entry = self.registry.entries.get(backend.url)
+        if entry is None or entry.left_at is not None:
+            raise Gone
         lease = self.registry.lease(entry, ex.slo.tpot_s).__enter__()
         try:
             return await self._open(ex, lease, entry.adapter.request(ex, entry.options), False)
@@ -475,7 +485,7 @@ class Upstream:
                 return broken
             request = (ex.endpoint.path, json.dumps(body).encode())
             for backend in self._continuation_candidates(ex):
-                entry = self.registry.entry(backend.url)
+                entry = self.registry.entries[backend.url]  # just chosen among those present
                 ex.attempts += 1
                 with self.registry.lease(entry, ex.slo.tpot_s, ex.task) as lease:
                     try:
@@ -516,7 +526,9 @@ class Upstream:
         usable = [
             b for b in ex.decision.candidates
             if b.url not in ex.failed_urls
-            and not (e := self.registry.entry(b.url)).live.ejected
+            and (e := self.registry.entries.get(b.url)) is not None
+            and e.left_at is None
+            and not e.live.ejected
             and e.adapter.passthrough
         ]  # fmt: skip
         return sorted(usable, key=lambda b: b.role is not tier)

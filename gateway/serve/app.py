@@ -343,6 +343,7 @@ def create_app(settings: Settings, hosting: Hosting | None = None) -> GatewayApp
                 ejected_reason=e.live.eject_reason if e.live.ejected else None,
                 probation=e.on_probation,
                 model=gw.learner.view(e.url, snap.taken_at),
+                discovered=e.discovered, left=e.left_at is not None,
             ))  # fmt: skip
         return api.GatewayState(
             policy=gw.router.name,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 
+from gateway.backends.discovery import Discovery
 from gateway.backends.learner import Learner
 from gateway.backends.monitor import Monitor
 from gateway.backends.registry import Registry
@@ -96,6 +97,7 @@ class Gateway:
     limits: Limits  # tenants' rate limits
     shadow: Shadow  # gray releases' shadow copies
     tracing: Tracing | None = None  # None: tracing off (no OTEL_* settings)
+    discovery: Discovery | None = None  # None: no tier discovers its backends
 
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
         """Answer `ex` with the gateway's own error."""
@@ -175,7 +177,9 @@ async def open_gateway(
         releases = Releases(settings.releases)
         upstream = Upstream(pool, registry, telemetry, settings, learner)
         displace = registry.displace if settings.priorities and settings.tenants else None
-        queueing = Queueing(settings.policy.queue_deadline_s, settings.priorities, displace)
+        joining = registry.joining if any(t.discovery for t in settings.tiers) else None
+        queueing = Queueing(settings.policy.queue_deadline_s, settings.priorities, displace,
+                            joining)  # fmt: skip
         gw = Gateway(
             settings=settings,
             telemetry=telemetry,
@@ -194,11 +198,16 @@ async def open_gateway(
                 settings.redis_url if settings.tenants else None, telemetry, settings.tenants
             ),
             tracing=tracing,
+            discovery=Discovery(settings, registry, telemetry) if any(
+                t.discovery for t in settings.tiers) else None,
         )
         if displace is not None:
             for e in registry:  # its series at 0 (see Telemetry.declare_variants)
                 telemetry.child(telemetry.displaced, e.backend.role.value, e.url)
         stack.push_async_callback(gw.upstream.aclose)
+        if gw.discovery is not None:  # found before the monitor's first round probes them
+            await gw.discovery.start()
+            stack.push_async_callback(gw.discovery.aclose)
         await monitor.start()
         stack.push_async_callback(monitor.aclose)
         await gw.upstream.watchdog.start()

@@ -1,0 +1,26 @@
+"""What a discovery source gives: answers, each the backends found or why there is none."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Found", "Source"]
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One answer of a source: the backends' base URLs, or why there is none."""
+
+    urls: frozenset[str] = frozenset()
+    error: str | None = None
+
+
+class Source(Protocol):
+    """Where a tier's backends are found: an endless stream of answers, one per resolution or
+    change; a failure is an answer too (`Found.error`), never an exception."""
+
+    def answers(self) -> AsyncIterator[Found]: ...
+
+    async def aclose(self) -> None: ...
