@@ -251,7 +251,7 @@ def test_adapter_queries_are_valid_promql(tmp_path: Path) -> None:
                           check=False).returncode != 0  # fmt: skip
 
 
-def test_gateway_config_routes_to_services_and_models_that_exist(
+def test_gateway_config_discovers_the_pods_of_services_that_exist(
     gateway_settings: Settings,
 ) -> None:
     services = of_kind("Service")
@@ -260,20 +260,51 @@ def test_gateway_config_routes_to_services_and_models_that_exist(
     roles = {t.role for t in gateway_settings.tiers}
     assert roles == {"latency", "throughput"}
     for tier in gateway_settings.tiers:
-        for backend in tier.backends:
-            for url in filter(None, (backend.url, backend.metrics_url)):
-                host, port = url.removeprefix("http://").split("/")[0].split(":")
-                assert host in services, f"{url}: no Service {host}"
-                assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}, url
-            assert backend.models == [served]
-            if backend.kind == "triton":
-                for model in backend.models:
-                    name = backend.kind_options.get("triton_models", {}).get(model, model)
-                    assert (MODEL_REPOSITORY / name / "config.pbtxt").is_file(), name
+        assert not tier.backends  # every engine a pod found while the gateway runs
+        d = tier.discovery
+        assert d is not None
+        if d.dns is not None:
+            # <service>.<namespace>.svc.cluster.local of a headless Service with that port.
+            name, namespace = d.dns.name.split(".")[:2]
+            assert namespace == "tiergate"
+            svc = services[name]
+            assert svc["spec"].get("clusterIP") == "None", f"{name} is not headless"
+            ports = {p["port"] for p in svc["spec"]["ports"]}
+            assert d.dns.port in ports
+        else:
+            assert d.kubernetes is not None
+            svc = services[d.kubernetes.service]
+            ports = {p["name"]: p["port"] for p in svc["spec"]["ports"]}
+            assert d.kubernetes.port in ports
+            # The pods' metrics port, when apart, is one of the Service's too.
+            if d.backend.metrics_port:
+                assert d.backend.metrics_port in ports.values()
+        # The Service's pods are those of the Deployment whose model the tier serves.
+        assert selected(svc["spec"]["selector"])
+        assert d.backend.models == [served]
+        if d.backend.kind == "triton":
+            for model in d.backend.models:
+                name = (d.backend.model_extra or {}).get("triton_models", {}).get(model, model)
+                assert (MODEL_REPOSITORY / name / "config.pbtxt").is_file(), name
     (gateway,) = containers(of_kind("Deployment")["gateway"])
     env = {e["name"]: e.get("value") for e in gateway["env"]}
     assert env["TIERGATE_REDIS_URL"] == "redis://redis:6379/0"
-    assert env["TIERGATE_REDIS_URL"].startswith("redis://redis:")
+
+
+def test_the_gateway_may_watch_endpointslices_and_nothing_more() -> None:
+    spec = of_kind("Deployment")["gateway"]["spec"]["template"]["spec"]
+    account = spec["serviceAccountName"]
+    assert account in of_kind("ServiceAccount")
+    (binding,) = [b for b in of_kind("RoleBinding").values()
+                  if any(s["name"] == account for s in b["subjects"])]  # fmt: skip
+    role = of_kind("Role")[binding["roleRef"]["name"]]
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    for engine in ("vllm-v4", "triton"):  # each engine Deployment has a headless Service
+        headless = [s for s in of_kind("Service").values()
+                    if s["spec"].get("clusterIP") == "None"
+                    and s["spec"]["selector"].get("app.kubernetes.io/name") == engine]  # fmt: skip
+        assert headless, engine
 
 
 def test_both_tiers_serve_the_same_checkpoint() -> None:
