@@ -164,7 +164,7 @@ async def test_engines_join_and_leave_under_streaming_load(pool: Pool) -> None:
         asked = time.monotonic()
         await asyncio.to_thread(pool.dns.set, NAME, to)  # back once the server answers so
         changes.append(Change(asked, time.monotonic(), to))
-        await asyncio.sleep(rng.uniform(0.6, 0.8))
+        await asyncio.sleep(rng.uniform(0.55, 0.7))
 
     try:
         await asyncio.sleep(1.5)  # the 48 clients' connections made, their streams running
