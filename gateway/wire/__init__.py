@@ -13,6 +13,7 @@ server) is a folder and a name in that table, and no other module changes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pydantic import BaseModel
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EngineKind",
     "Incompatible",
+    "Kind",
     "KindBackend",
     "OwnTransport",
     "Readiness",
@@ -171,3 +173,22 @@ class EngineKind(Protocol):
         """The backend's own readiness check (given the transport made for it), or None for a
         GET of the adapter's `health_path`."""
         ...
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An EngineKind reached over the gateway's HTTP/1.1 pool and probed with a GET of its
+    adapter's `health_path`; a kind with a transport or a readiness check of its own overrides
+    `transport` or `readiness`."""
+
+    name: str
+    adapter: WireAdapter
+    options: type[BaseModel]
+
+    def transport(self, backend: KindBackend, timeout_s: float) -> OwnTransport | None:
+        return None
+
+    def readiness(
+        self, backend: KindBackend, transport: OwnTransport | None, timeout_s: float
+    ) -> Readiness | None:
+        return None

@@ -55,6 +55,18 @@ def event(recorded: dict[str, Any]) -> dict[str, Any]:
     return {"type": recorded["type"], "object": obj}
 
 
+def kubeconfig_for(folder: Path, port: int) -> Path:
+    """A kubeconfig whose cluster is the API server on loopback `port`."""
+    path = folder / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "test", "user": {"token": "a-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }))  # fmt: skip
+    return path
+
+
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[tuple[ApiServer, Path]]:
     server = ApiServer()
@@ -64,13 +76,7 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[ApiServer, Path]]:
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "test", "user": {"token": "a-token"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-    }))  # fmt: skip
+    kubeconfig = kubeconfig_for(tmp_path, port)
     try:
         yield server, kubeconfig
     finally:
@@ -123,13 +129,7 @@ async def test_endpoints_are_followed_through_list_and_watch(
 
 
 async def test_an_api_server_that_cannot_be_reached_is_an_error_answer(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
-        "users": [{"name": "t", "user": {"token": "x"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-    }))  # fmt: skip
+    kubeconfig = kubeconfig_for(tmp_path, free_port())  # nobody listens there
     source = KubernetesSource(KubernetesDiscovery(service="s", namespace="n", port=8000,
                                                   kubeconfig=kubeconfig, retry_s=0.05))  # fmt: skip
     answers = source.answers()

@@ -15,7 +15,7 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
-from gateway.backends.discovery.source import Found
+from gateway.backends.discovery.source import Found, url_of
 from gateway.config.settings import DnsDiscovery
 
 __all__ = ["DnsSource", "nameserver"]
@@ -31,10 +31,6 @@ def nameserver(spec: str) -> dns.nameserver.Do53Nameserver:
         host, _, number = spec.partition(":")
         port = int(number)
     return dns.nameserver.Do53Nameserver(host, port)
-
-
-def _url(scheme: str, host: str, port: int) -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 class DnsSource:
@@ -53,13 +49,13 @@ class DnsSource:
         ttl = float(answer.rrset.ttl) if answer.rrset is not None else cfg.interval_s
         if cfg.record != "SRV":
             assert cfg.port is not None
-            return frozenset(_url(cfg.scheme, r.address, cfg.port) for r in answer), ttl
+            return frozenset(url_of(cfg.scheme, r.address, cfg.port) for r in answer), ttl
         urls: set[str] = set()
         for srv in answer:
             target = srv.target.to_text(omit_final_dot=True)
             addresses = await self.resolver.resolve(target, "A", search=False)
             ttl = min(ttl, float(addresses.rrset.ttl) if addresses.rrset else ttl)
-            urls.update(_url(cfg.scheme, a.address, srv.port) for a in addresses)
+            urls.update(url_of(cfg.scheme, a.address, srv.port) for a in addresses)
         return frozenset(urls), ttl
 
     async def answers(self) -> AsyncIterator[Found]:

@@ -19,16 +19,12 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from gateway.backends.discovery.source import Found
+from gateway.backends.discovery.source import Found, url_of
 from gateway.config.settings import KubernetesDiscovery
 
 __all__ = ["KubernetesSource", "endpoint_urls"]
 
 _NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def _url(scheme: str, host: str, port: int) -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def endpoint_urls(slice_: Any, port: str | int, scheme: str) -> frozenset[str]:
@@ -45,7 +41,7 @@ def endpoint_urls(slice_: Any, port: str | int, scheme: str) -> frozenset[str]:
         cond = ep.conditions
         ready = cond is None or cond.ready is None or cond.ready
         if ready and not (cond is not None and cond.terminating):
-            urls.update(_url(scheme, address, number) for address in ep.addresses or ())
+            urls.update(url_of(scheme, address, number) for address in ep.addresses or ())
     return frozenset(urls)
 
 

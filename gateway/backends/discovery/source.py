@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Found", "Source"]
+__all__ = ["Found", "Source", "url_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,3 +24,8 @@ class Source(Protocol):
     def answers(self) -> AsyncIterator[Found]: ...
 
     async def aclose(self) -> None: ...
+
+
+def url_of(scheme: str, host: str, port: int) -> str:
+    """A backend's base URL (IPv6 addresses in brackets)."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"

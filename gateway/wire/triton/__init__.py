@@ -8,9 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from pydantic import BaseModel
-
-from gateway.wire import KindBackend, OwnTransport, Readiness, WireAdapter
+from gateway.wire import Kind, KindBackend, OwnTransport, Readiness
 from gateway.wire.triton.adapter import ADAPTER
 from gateway.wire.triton.options import TritonOptions
 
@@ -21,10 +19,8 @@ __all__ = ["KIND", "TritonKind"]
 
 
 @dataclass(frozen=True)
-class TritonKind:
-    name: str = "triton"
-    adapter: WireAdapter = ADAPTER
-    options: type[BaseModel] = TritonOptions
+class TritonKind(Kind):
+    """Its own transport where `triton_grpc` is set; its own readiness check always."""
 
     def transport(self, backend: KindBackend, timeout_s: float) -> OwnTransport | None:
         target = backend.options.triton_grpc
@@ -45,4 +41,4 @@ class TritonKind:
         return TritonReadiness(backend, cast("TritonGrpc | None", transport), timeout_s)
 
 
-KIND = TritonKind()
+KIND = TritonKind("triton", ADAPTER, TritonOptions)

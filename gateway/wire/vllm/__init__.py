@@ -4,30 +4,10 @@ probed with GET /health."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pydantic import BaseModel
-
-from gateway.wire import KindBackend, OwnTransport, Readiness, WireAdapter
+from gateway.wire import Kind
 from gateway.wire.vllm.adapter import ADAPTER
 from gateway.wire.vllm.options import VllmOptions
 
-__all__ = ["KIND", "VllmKind"]
+__all__ = ["KIND"]
 
-
-@dataclass(frozen=True)
-class VllmKind:
-    name: str = "vllm"
-    adapter: WireAdapter = ADAPTER
-    options: type[BaseModel] = VllmOptions
-
-    def transport(self, backend: KindBackend, timeout_s: float) -> OwnTransport | None:
-        return None
-
-    def readiness(
-        self, backend: KindBackend, transport: OwnTransport | None, timeout_s: float
-    ) -> Readiness | None:
-        return None
-
-
-KIND = VllmKind()
+KIND = Kind("vllm", ADAPTER, VllmOptions)

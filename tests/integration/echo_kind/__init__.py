@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel
-
-from gateway.wire import KindBackend, OwnTransport, Readiness, WireAdapter
+from gateway.wire import Kind, KindBackend, OwnTransport, Readiness
 from tests.integration.echo_kind.adapter import ADAPTER
 from tests.integration.echo_kind.options import EchoOptions
 from tests.integration.echo_kind.readiness import EchoReadiness
@@ -20,13 +18,8 @@ __all__ = ["KIND"]
 
 
 @dataclass(frozen=True)
-class EchoKind:
-    name: str = "echo"
-    adapter: WireAdapter = ADAPTER
-    options: type[BaseModel] = EchoOptions
-
-    def transport(self, backend: KindBackend, timeout_s: float) -> OwnTransport | None:
-        return None  # the gateway's HTTP/1.1 pool
+class EchoKind(Kind):
+    """The gateway's HTTP/1.1 pool; a readiness check of its own."""
 
     def readiness(
         self, backend: KindBackend, transport: OwnTransport | None, timeout_s: float
@@ -34,4 +27,4 @@ class EchoKind:
         return EchoReadiness(backend.url, timeout_s)
 
 
-KIND = EchoKind()
+KIND = EchoKind("echo", ADAPTER, EchoOptions)
