@@ -4,7 +4,8 @@ A saturated decision (the policy's saturation detector: the latency tier at its 
 throughput backend with a long queue) waits until capacity may have freed (a lease given back
 wakes the longest waiter, new load figures from the monitor wake all: the registry's change
 signal) and is decided again, up to `policy.queue_deadline_s`. Then the client gets 429 with
-Retry-After; with no backend in rotation at all, 503.
+Retry-After; with no backend in rotation at all, 503 (unless one that discovery found is about to
+be probed: then the request waits for it as for room).
 """
 
 from __future__ import annotations

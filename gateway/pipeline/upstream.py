@@ -57,6 +57,7 @@ _OFF = frozenset({b"off", b"false", b"0", b"no"})
 _CUT_MESSAGES = {
     "ejected": "the backend serving this stream was taken out of rotation",
     "idle": "the backend serving this stream stopped sending",
+    "left": "the backend serving this stream left the pool",
 }
 
 

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -52,6 +53,7 @@ class Pool:
     dns: DnsServer
     sims: dict[str, SimProcess]  # address -> simulator
     gateway: GatewayProcess
+    port: int  # the simulators' (on every address)
 
     def url_of(self, address: str) -> str:
         return self.sims[address].url
@@ -81,12 +83,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         gateway = GatewayProcess(config=path, log=workdir / "gateway.log")
         stack.callback(gateway.stop)
         gateway.start()
-        yield Pool(dns, sims, gateway)
+        yield Pool(dns, sims, gateway, port)
 
 
-async def stream_once(session: aiohttp.ClientSession, url: str) -> Done:
+async def stream_once(session: aiohttp.ClientSession, url: str, tokens: int = 8) -> Done:
     start = time.monotonic()
-    body = {"model": MODEL, "prompt": "hello", "max_tokens": 8, "stream": True}
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True}
     try:
         async with session.post(url + "/v1/completions", json=body) as r:
             backend = r.headers.get("x-tiergate-backend")
@@ -234,3 +236,44 @@ async def test_a_dns_outage_keeps_the_tier_as_it_was(pool: Pool) -> None:
     lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
     assert any(x.get("msg") == "discovery failed: the tier keeps its backends" for x in lines)
     assert any(x.get("msg") == "discovery answers again" for x in lines)
+
+
+async def test_streams_on_a_removed_engine_continue_elsewhere_after_the_drain(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """A gateway of its own, with a drain of 0.3 s, over a name of its own: long streams on an
+    engine that leaves are cut once the drain is over and continue on the engine that stays;
+    the client reads whole streams."""
+    name = "drain.tiergate.test"
+    await asyncio.to_thread(pool.dns.set, name, ADDRESSES[:2])
+    config = {
+        "tiers": [{"name": "pool", "role": "throughput", "discovery": {
+            "dns": {"name": name, "port": pool.port, "nameservers": [pool.dns.address],
+                    "interval_s": INTERVAL_S, "min_interval_s": 0.05, "timeout_s": 0.5},
+            "backend": {"models": [MODEL]}, "drain_s": 0.3}}],
+        "log_level": "info", "log_json": True,
+        "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5},
+    }  # fmt: skip
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    gateway = GatewayProcess(config=path, log=tmp_path / "gateway.log")
+    await asyncio.to_thread(gateway.start)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            streams = [asyncio.create_task(stream_once(session, gateway.url, 160))
+                       for _ in range(8)]  # fmt: skip
+            await asyncio.sleep(0.5)  # streaming on both engines
+            gone, kept = ADDRESSES[0], ADDRESSES[1]
+            await asyncio.to_thread(pool.dns.set, name, [kept])
+            done = await asyncio.gather(*streams)
+            metrics = await scrape(gateway.url)
+    finally:
+        await asyncio.to_thread(gateway.stop)
+    assert [d for d in done if not d.ok] == []
+    lines = [json.loads(x) for x in (tmp_path / "gateway.log").read_text().splitlines()
+             if x.startswith("{")]  # fmt: skip
+    cut = [x for x in lines if x.get("msg") == "stream broke after first byte"]
+    assert cut, "no stream was still running on the engine after the drain"
+    assert {x["error"] for x in cut} == {"cut_left"}
+    assert {x["backend"] for x in cut} == {pool.url_of(gone)}
+    assert 'tiergate_continuations_total{outcome="continued"} ' + str(float(len(cut))) in metrics

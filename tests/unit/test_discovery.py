@@ -250,3 +250,16 @@ def test_which_endpoints_are_backends(
     endpoints: list[Any], port: str | int, expected: set[str]
 ) -> None:
     assert endpoint_urls(slice_of(*endpoints), port, "http") == expected
+
+
+def test_every_reason_a_stream_is_cut_for_has_its_message_for_the_client() -> None:
+    import re
+    from pathlib import Path
+
+    from gateway.pipeline import upstream
+
+    root = Path(upstream.__file__).parents[1]
+    reasons = {m for path in root.rglob("*.py")
+               for m in re.findall(r'cut_stream\("(\w+)"\)', path.read_text())}  # fmt: skip
+    assert reasons == {"ejected", "idle", "left"}
+    assert reasons <= set(upstream._CUT_MESSAGES)
