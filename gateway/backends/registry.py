@@ -385,8 +385,8 @@ class Registry:
         there for a first byte move on, its streams may finish (`cut_left`), and it is
         forgotten when its last lease ends."""
         entry = self.entries.get(url)
-        if entry is None or entry.left_at is not None:
-            return
+        if entry is None or entry.left_at is not None or not entry.discovered:
+            return  # (a listed backend stays, whatever a source says)
         entry.left_at = self.clock()
         self._derive()
         log.info("backend left", extra={"fields": {

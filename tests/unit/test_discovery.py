@@ -145,6 +145,8 @@ def test_a_listed_backend_found_again_is_left_alone() -> None:
     apply(d, s, Found(urls("a") | {STATIC}))
     apply(d, s, Found(urls("a")))
     assert reg.entries[STATIC].left_at is None
+    reg.leave(STATIC)  # not even when asked directly: only what discovery found leaves
+    assert reg.entries[STATIC].left_at is None
 
 
 async def test_a_backend_that_left_finishes_its_streams_then_is_forgotten() -> None:
