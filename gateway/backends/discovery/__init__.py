@@ -88,7 +88,11 @@ class Discovery:
         drain = asyncio.create_task(self._drain(cfg.drain_s))
         try:
             async for found in source.answers():
-                self.apply(tier, cfg, found)
+                try:
+                    self.apply(tier, cfg, found)
+                except Exception:  # discovery must outlive any one bad answer
+                    log.exception("discovery answer not applied", extra={"fields": {
+                        "tier": tier.name}})  # fmt: skip
                 if not first.done():
                     first.set_result(None)
         finally:
