@@ -63,6 +63,7 @@ __all__ = [
     "load_settings",
     "read_tenants",
     "release_problems",
+    "url_host",
     "validation_problems",
 ]
 
@@ -166,14 +167,14 @@ class BackendTemplate(_Model):
     def at(self, url: str) -> BackendConfig:
         """The backend discovered at `url` (scheme://host:port)."""
         parts = urlsplit(url)
-        metrics = parts._replace(netloc=f"{_host(parts.hostname or '')}:{self.metrics_port}"
+        metrics = parts._replace(netloc=f"{url_host(parts.hostname or '')}:{self.metrics_port}"
                                  if self.metrics_port else parts.netloc,
                                  path=self.metrics_path)  # fmt: skip
         return BackendConfig(url=url, api_key=self.api_key, models=self.models, kind=self.kind,
                              metrics_url=metrics.geturl(), **(self.model_extra or {}))  # fmt: skip
 
 
-def _host(host: str) -> str:
+def url_host(host: str) -> str:
     """A host as a URL writes it: IPv6 addresses in brackets."""
     return f"[{host}]" if ":" in host else host
 

@@ -24,6 +24,7 @@ import yaml
 from loadtests.harness.dnsmasq import DnsServer, dnsmasq_binary
 from loadtests.harness.procs import GatewayProcess, SimProcess, free_port, start_all
 from loadtests.harness.stack import MODEL
+from tests.integration.stack import wait_until_async
 
 pytestmark = pytest.mark.skipif(dnsmasq_binary() is None, reason="dnsmasq is not installed")
 
@@ -169,7 +170,8 @@ async def test_engines_join_and_leave_under_streaming_load(pool: Pool) -> None:
         await asyncio.sleep(rng.uniform(0.55, 0.7))
 
     try:
-        await asyncio.sleep(1.5)  # the 48 clients' connections made, their streams running
+        # Every client connected and served once before the first change.
+        await wait_until_async(lambda: len(done) >= CLIENTS, "each client had an answer")
         for _ in range(REPEATS):
             await change(ADDRESSES)  # 3 -> 6
             await change(rng.sample(ADDRESSES, 2))  # 6 -> 2
@@ -208,12 +210,16 @@ async def test_a_dns_outage_keeps_the_tier_as_it_was(pool: Pool) -> None:
             state = await r.json()
         return {b["url"] for b in state["backends"] if b["healthy"] and not b["left"]}
 
-    deadline = time.monotonic() + 20
-    while await state_urls() != urls:
-        assert time.monotonic() < deadline, await state_urls()
-        await asyncio.sleep(0.05)
+    async def kept() -> bool:
+        return await state_urls() == urls
+
+    await wait_until_async(kept, "the three engines in rotation")
     errors_before = errors_counted(await scrape(pool.gateway.url))
     log_before = pool.gateway.log.read_text() if pool.gateway.log else ""
+
+    def new_log() -> str:
+        return (pool.gateway.log.read_text() if pool.gateway.log else "")[len(log_before):]
+
     done: list[Done] = []
     stop = asyncio.Event()
     load = asyncio.create_task(clients(pool.gateway.url, stop, done))
@@ -223,7 +229,8 @@ async def test_a_dns_outage_keeps_the_tier_as_it_was(pool: Pool) -> None:
         during = await state_urls()
         metrics = await scrape(pool.gateway.url)
         pool.dns.resume()
-        await asyncio.sleep(3 * INTERVAL_S)
+        await wait_until_async(
+            lambda: '"msg": "discovery answers again"' in new_log(), "discovery answers again")
     finally:
         pool.dns.resume()
         stop.set()
@@ -232,7 +239,7 @@ async def test_a_dns_outage_keeps_the_tier_as_it_was(pool: Pool) -> None:
     assert errors_counted(metrics) > errors_before
     assert not [d for d in done if not d.ok]
     assert {d.backend for d in done} == urls
-    log = (pool.gateway.log.read_text() if pool.gateway.log else "")[len(log_before):]
+    log = new_log()
     lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
     assert any(x.get("msg") == "discovery failed: the tier keeps its backends" for x in lines)
     assert any(x.get("msg") == "discovery answers again" for x in lines)
@@ -262,8 +269,16 @@ async def test_streams_on_a_removed_engine_continue_elsewhere_after_the_drain(
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             streams = [asyncio.create_task(stream_once(session, gateway.url, 160))
                        for _ in range(8)]  # fmt: skip
-            await asyncio.sleep(0.5)  # streaming on both engines
             gone, kept = ADDRESSES[0], ADDRESSES[1]
+
+            async def streaming_on_gone() -> bool:
+                async with session.get(gateway.url + "/state") as r:
+                    state = await r.json()
+                # Decoding there, as the engine's own running gauge says (not just sent).
+                return any(b["url"] == pool.url_of(gone) and b["running"] > 0
+                           for b in state["backends"])  # fmt: skip
+
+            await wait_until_async(streaming_on_gone, "streams decoding on the engine to remove")
             await asyncio.to_thread(pool.dns.set, name, [kept])
             done = await asyncio.gather(*streams)
             metrics = await scrape(gateway.url)

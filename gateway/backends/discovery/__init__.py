@@ -101,10 +101,14 @@ class Discovery:
                 first.set_result(None)
 
     async def _drain(self, drain_s: float) -> None:
-        """Cut what still streams on backends that left more than `drain_s` ago."""
+        """Cut what still streams on backends that left more than `drain_s` ago; close the
+        own transports (Triton's gRPC channels) of those forgotten since."""
         while True:
             await asyncio.sleep(max(0.05, min(drain_s, 1.0) / 4))
             self.registry.cut_left(drain_s)
+            while self.registry.closing:
+                with contextlib.suppress(Exception):
+                    await self.registry.closing.pop().aclose()
 
     def apply(self, tier: TierConfig, cfg: DiscoveryConfig, found: Found) -> None:
         """One answer of `tier`'s source: backends found join, backends not found leave. An

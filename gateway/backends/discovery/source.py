@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.config.settings import url_host
+
 __all__ = ["Found", "Source", "url_of"]
 
 
@@ -28,4 +30,4 @@ class Source(Protocol):
 
 def url_of(scheme: str, host: str, port: int) -> str:
     """A backend's base URL (IPv6 addresses in brackets)."""
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+    return f"{scheme}://{url_host(host)}:{port}"
