@@ -20,6 +20,13 @@ def up(
     sim_port: Annotated[int, typer.Option(help="First simulator port.")] = 8201,
     policy: Annotated[PolicyName, typer.Option(help="Routing policy.")] = DEFAULT_POLICY,
     speedup: Annotated[float, typer.Option(help="Run the simulators N times faster.")] = 1.0,
+    prefix_caching: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="The simulators' automatic prefix caching (on, as in vLLM).",
+        ),
+    ] = True,
     redis_url: Annotated[
         str | None, typer.Option(envvar="TIERGATE_REDIS_URL", help="Share in-flight state.")
     ] = None,
@@ -56,6 +63,7 @@ def up(
     logs.mkdir(parents=True, exist_ok=True)
     model = load_profile(throughput_profile).model
     extra = ["--speedup", str(speedup)] if speedup != 1 else []
+    extra.append("--prefix-caching" if prefix_caching else "--no-prefix-caching")
     plan = [("latency", latency_profile)] * latency + [
         ("throughput", throughput_profile)
     ] * throughput

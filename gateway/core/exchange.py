@@ -138,6 +138,9 @@ class Exchange:
     exclude: frozenset[str] = frozenset()  # backends that cannot serve this request
     slo: Slo = DEFAULT_SLO  # the configured default, or x-tiergate-slo-ttft-ms / -tpot-ms
     affinity: int | None = None  # the prefix-cache affinity key (gateway.routing.affinity)
+    session: bool = False  # the key names a session the client declared
+    # The backend that served the key last (pipeline.homes); None: not seen, or in use now.
+    home: str | None = None
     variant: Variant | None = None  # the gray release's variant serving it (pipeline.releases)
     mirror: Variant | None = None  # where a shadow copy of it goes (None: nowhere)
     shadow: bool = False  # it is a shadow copy: its answer goes nowhere
@@ -205,7 +208,8 @@ class Exchange:
     def route_request(self) -> RouteRequest:
         """The features routing may look at."""
         return RouteRequest(
-            self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity
+            self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity,
+            self.home, self.session,
         )
 
     @property

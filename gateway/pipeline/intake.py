@@ -10,7 +10,6 @@ offending `param`; nothing here talks to a backend.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import json
 import math
@@ -58,9 +57,11 @@ class Intake:
         self.max_body = settings.max_body_bytes
         self.tenants = Tenants(settings)
         self.priorities = settings.priorities and bool(settings.tenants)
-        # Affinity keys matter only where a tier has several backends to choose from.
-        per_tier = collections.Counter(b.tier for b in registry.backends)
-        self.keyed = settings.policy.prefix_affinity and max(per_tier.values(), default=0) > 1
+        # Affinity keys matter only where there are several backends to choose from (or
+        # discovery may add them).
+        self.keyed = settings.policy.prefix_affinity and (
+            len(registry.backends) > 1 or any(t.discovery for t in settings.tiers)
+        )
         # Request ids: a per-process random prefix and a counter; unique, and far cheaper
         # than uuid4 per request.
         self._rid_prefix = uuid.uuid4().hex[:16]
@@ -130,7 +131,9 @@ class Intake:
                 ex.pinned = Role.THROUGHPUT
         ex.slo = self._slo(ex.headers, tenant.slo)
         if self.keyed:
-            ex.affinity = affinity_of(ex.headers.get(b"x-session-id"), data, ex.endpoint.chat)
+            session = ex.headers.get(b"x-session-id")
+            ex.affinity = affinity_of(session, data, ex.endpoint.chat)
+            ex.session = ex.affinity is not None and caller(session, data) is not None
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
 

@@ -1,19 +1,28 @@
-"""Prefix-cache affinity inside a tier: the same conversation, session or prompt prefix goes to
-the same instance, so that the engine's prefix cache (vLLM's automatic prefix caching) holds its
-earlier turns and only the new part is prefilled.
+"""Prefix-cache affinity: a conversation, a session or a repeated prompt prefix goes back to the
+instance that served it last, so that the engine's prefix cache (vLLM's automatic prefix
+caching) holds its earlier turns and only the new part is prefilled.
 
-The policy chooses the tier (its first candidate's); this stage chooses the instance within it,
-by consistent hashing with bounded loads: the tier's backends ranked by rendezvous hashing of
-the request's affinity key (each key has its own fixed order of backends, and adding or removing
-one moves only its keys), the first whose load stays within `(1 + balance)` times the tier's
-mean load (counting this request) plus `slack` requests takes it. A hot key therefore spills
-to its second choice instead of piling onto one instance: no backend goes past the bound because
-of affinity. A saturated backend is never chosen for affinity; an unkeyed request keeps the
-policy's order.
+The policy decides first, on load and latency alone; this stage may then put another backend
+first:
+- a request whose key was served lately (`req.home`, remembered by the pipeline, which gives no
+  home to a key other requests hold right now) goes back to that backend, in whichever tier it
+  is, while it is not saturated and, where the latency model knows it, it is neither full nor
+  predicted to miss the request's SLO where the policy's choice would meet it, nor to lose
+  SLO-meeting output (past its knee) where the policy's choice would add some. So a
+  conversation that started on the latency tier stays there while that tier is before its knee
+  for the request's SLO, and moves when it is past it;
+- a session the client declared (`x-session-id`, `user`) and seen for the first time goes to its
+  own backend of the policy's tier, by consistent hashing with bounded loads: the tier's
+  backends ranked by rendezvous hashing of the key (each key has its own fixed order, and adding
+  or removing a backend moves only its keys), the first that is not saturated and holds at most
+  `(1 + balance)` times its tier's mean load (counting this request) plus `slack` requests, so a
+  hot session cannot pile onto one instance. Every gateway replica and worker maps such a key to
+  the same backend;
+- anything else (a prompt seen for the first time, a prefix other requests are using right now)
+  keeps the policy's order: affinity costs nothing where nothing repeats.
 
 Pure, like every routing stage: the key is a 64-bit integer the intake derived from the request
-(gateway.pipeline.intake), and the hashes are fixed functions of it and of the backend's URL, so
-every gateway replica and worker maps a key to the same backend.
+(gateway.pipeline.intake), the home a URL, and the hashes fixed functions of them.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gateway.routing.learned import Learned, outlook
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
 from gateway.routing.types import Backend, Decision, LoadSnapshot, Reason, RouteRequest
@@ -33,6 +43,9 @@ _MASK = (1 << 64) - 1
 # Decisions whose first candidate affinity must not move: nothing has room, or the request or
 # the policy chose that backend for a reason of its own.
 _KEEP = frozenset({Reason.SATURATED, Reason.NO_BACKEND, Reason.EXPLORE, Reason.POLICY_ERROR})
+# A home is kept over an exploring decision: exploration may try another backend with a request
+# that has no cache to lose.
+_KEEP_HOME = _KEEP - {Reason.EXPLORE}
 
 
 def affinity_key(data: bytes) -> int:
@@ -62,17 +75,20 @@ def rank(key: int, pool: Sequence[Backend], urls: Mapping[str, int] | None = Non
 
 @dataclass(frozen=True, slots=True)
 class Affinity:
-    # A backend takes keyed requests up to (1 + balance) x the tier's mean load, + slack.
+    # A backend takes keyed requests up to (1 + balance) x its tier's mean load, + slack.
     balance: float
     slack: int
     saturation: Saturation
+    # How the learned policy reads a prediction (its SLO margin, when a backend is full).
+    learned: Learned
     # The configured backends' URL hashes, computed once rather than in every decision.
     urls: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, params: PolicyParams, backends: Sequence[Backend] = ()) -> Affinity:
         urls = {b.url: affinity_key(b.url.encode()) for b in backends}
-        return cls(params.affinity_balance, params.affinity_slack, Saturation.of(params), urls)
+        return cls(params.affinity_balance, params.affinity_slack, Saturation.of(params),
+                   Learned.build("learned", params), urls)  # fmt: skip
 
     def bound(self, loads: Sequence[int]) -> int:
         """The most requests a backend may hold after taking this one for affinity's sake."""
@@ -80,23 +96,74 @@ class Affinity:
         return max(1, math.ceil((1 + self.balance) * mean)) + self.slack
 
     def __call__(self, req: RouteRequest, decision: Decision, snap: LoadSnapshot) -> Decision:
-        """`decision` with its first candidate moved to the keyed backend of its tier, when
-        one is within the load bound; unchanged otherwise."""
+        """`decision` with its first candidate moved to the request's home, or to a declared
+        session's own backend of the policy's tier, when that backend may take it; unchanged
+        otherwise."""
         ordered = decision.candidates
-        if req.affinity is None or not ordered or decision.reason in _KEEP:
+        if req.affinity is None or not ordered:
+            return decision
+        if req.home is not None:
+            home = next((b for b in ordered if b.url == req.home), None)
+            if home is None or home is ordered[0] or decision.reason in _KEEP_HOME:
+                return decision
+            if self.saturation.backend(home, snap.load(home.url)):
+                return decision
+            if not self._priced(req, home, ordered[0], snap):
+                return decision
+            return decision._replace(candidates=(home, *(b for b in ordered if b is not home)))
+        if not req.session or decision.reason in _KEEP:
             return decision
         tier = ordered[0].tier
         pool = [b for b in ordered if b.tier == tier]
         if len(pool) < 2:
             return decision
-        load, full = snap.load, self.saturation.backend
-        loads = [load(b.url).effective for b in pool]
-        bound = self.bound(loads)
         for b in rank(req.affinity, pool, self.urls):
-            backend_load = load(b.url)
-            if backend_load.effective + 1 <= bound and not full(b, backend_load):
+            if self._takes(b, pool, snap):
                 if b is ordered[0]:
                     return decision
                 rest = tuple(x for x in ordered if x is not b)
                 return decision._replace(candidates=(b, *rest))
         return decision
+
+    def _takes(self, b: Backend, candidates: Sequence[Backend], snap: LoadSnapshot) -> bool:
+        """Whether `b` may take one more request for affinity's sake: not saturated, and within
+        the bound of its tier's load (its tier's backends among `candidates`)."""
+        load = snap.load
+        own = load(b.url)
+        if self.saturation.backend(b, own):
+            return False
+        loads = [load(x.url).effective for x in candidates if x.tier == b.tier]
+        return own.effective + 1 <= self.bound(loads)
+
+    def _priced(
+        self, req: RouteRequest, home: Backend, chosen: Backend, snap: LoadSnapshot
+    ) -> bool:
+        """Whether the latency model lets the request go home rather than to the policy's
+        choice: the home is not full, and not predicted to miss the request's SLO (or to lose
+        SLO-meeting output, past its knee) where the choice would meet it (or add some), or
+        where nothing is known of the choice yet, at all. True where the model knows nothing of
+        the home: the cache hit is all that is known then (saturation still moves it).
+
+        A home is held to this, not to the load bound: one conversation holds one request at a
+        time (a key other requests hold has no home), so going home piles no hot prefix onto an
+        instance; and at the start of a burst the bound, against a tier's mean load while most
+        of the burst has not arrived yet, moved conversations off their caches for nothing."""
+        curves, load, limits, slo = snap.curves, snap.load, self.learned.limits, req.slo
+        at_home = curves.get(home.url)
+        if at_home is None or not at_home.frontier:
+            return True
+        there = outlook(home, load(home.url), at_home, slo, limits)
+        if there.full:
+            return False
+        # A gain within a hundredth of a stream that just meets the SLO is none, as for the
+        # policy (gateway.routing.learned): the cache hit decides near the knee.
+        nothing = 0.01 / slo.tpot_s
+        at_chosen = curves.get(chosen.url)
+        if at_chosen is None or not at_chosen.frontier:
+            # The choice is unknown (the policy tries it): home while it meets the SLO and
+            # is before its knee.
+            return there.p >= 0.5 and there.gain >= -nothing
+        other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
+        if there.p < 0.5 <= other.p:
+            return False
+        return not (there.gain < -nothing and other.gain > nothing)

@@ -110,22 +110,38 @@ class PolicyParams(BaseModel):
     affinity_balance: float = Field(
         default=0.25,
         ge=0,
-        description="Prefix-cache affinity inside a tier: a request with an affinity key (a"
-        " session, a conversation, a prompt prefix) goes to its keyed backend of the tier the"
-        " policy chose while that backend holds at most (1 + this) x the tier's mean load.",
+        description="Prefix-cache affinity for a session the client declares (`x-session-id`,"
+        " `user`) and the gateway has not served lately: it goes to its own backend of the"
+        " policy's tier (by consistent hashing) while that backend holds at most (1 + this) x"
+        " the tier's mean load, so a hot session spills instead of piling onto one instance.",
     )
     affinity_slack: int = Field(
         default=2,
         ge=0,
-        description="Requests a keyed backend may hold beyond (1 + affinity_balance) x the"
+        description="Requests a keyed backend may hold beyond (1 + affinity_balance) x its"
         " tier's mean load: at low load the mean is near 0 and a lagging scrape would otherwise"
         " move a conversation off the instance that has it cached.",
     )
     prefix_affinity: bool = Field(
-        default=False,
-        description="Route requests with the same affinity key to the same backend of a tier"
-        " (see affinity_balance); off: the policy's order within the tier stands. Off by"
-        " default: for prompts that never repeat it trades the policy's balance for nothing.",
+        default=True,
+        description="Send a conversation's later turns, a session's (`x-session-id`, `user`)"
+        " requests and a repeated prompt prefix back to the backend that served them last, in"
+        " either tier, while it is not saturated and the latency model predicts it meets the"
+        " request's SLO (before its knee) where the policy's choice would. A prompt seen for"
+        " the first time, or one other requests are using at the same moment, is routed by"
+        " the policy alone, so prompts that never repeat cost nothing.",
+    )
+    affinity_keys: int = Field(
+        default=65536,
+        ge=1,
+        description="Affinity keys remembered (their last backend), least recently used"
+        " forgotten first: about 150 bytes each.",
+    )
+    affinity_ttl_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="A key not seen for this long is forgotten: its blocks have most likely"
+        " left the engine's prefix cache, and its next request is routed as a new one.",
     )
 
     @model_validator(mode="after")

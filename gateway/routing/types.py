@@ -155,8 +155,14 @@ class RouteRequest:
     exclude: frozenset[str] = frozenset()
     slo: Slo = field(default_factory=Slo)
     # What identifies its prompt's prefix (gateway.routing.affinity.affinity_key): requests
-    # sharing it go to the same backend of a tier, where the engine has that prefix cached.
+    # sharing it go back to the backend that has that prefix cached.
     affinity: int | None = None
+    # The URL of the backend that served the key last (None: not seen lately, or in use by
+    # another request right now, as a prefix many share is).
+    home: str | None = None
+    # Whether the key names a session the client declared (`x-session-id`, `user`) rather than
+    # a prompt's prefix: one seen for the first time still goes to its own backend of a tier.
+    session: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,17 @@ class Proxy:
 
     @staticmethod
     async def _serve(gw: Gateway, ex: Exchange) -> None:
+        homes = gw.homes
+        if homes is None or ex.affinity is None:
+            return await Proxy._route(gw, ex)
+        homes.begin(ex)
+        try:
+            await Proxy._route(gw, ex)
+        finally:
+            homes.end(ex)
+
+    @staticmethod
+    async def _route(gw: Gateway, ex: Exchange) -> None:
         while True:
             try:
                 if ex.trace is None:

@@ -37,6 +37,7 @@ from gateway.observe.telemetry import Telemetry
 from gateway.observe.tracing_env import trace_exporters
 from gateway.pipeline.admission import Admission, Queueing
 from gateway.pipeline.drain import Drain
+from gateway.pipeline.homes import Homes
 from gateway.pipeline.intake import Intake
 from gateway.pipeline.limits import Limits
 from gateway.pipeline.releases import Releases
@@ -98,6 +99,8 @@ class Gateway:
     shadow: Shadow  # gray releases' shadow copies
     tracing: Tracing | None = None  # None: tracing off (no OTEL_* settings)
     discovery: Discovery | None = None  # None: no tier discovers its backends
+    # Where each affinity key was served last (None: prefix affinity off).
+    homes: Homes | None = None
 
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
         """Answer `ex` with the gateway's own error."""
@@ -180,6 +183,7 @@ async def open_gateway(
         joining = registry.joining if any(t.discovery for t in settings.tiers) else None
         queueing = Queueing(settings.policy.queue_deadline_s, settings.priorities, displace,
                             joining)  # fmt: skip
+        intake = Intake(settings, registry, releases)
         gw = Gateway(
             settings=settings,
             telemetry=telemetry,
@@ -188,7 +192,7 @@ async def open_gateway(
             monitor=monitor,
             router=router,
             learner=learner,
-            intake=Intake(settings, registry, releases),
+            intake=intake,
             admission=Admission(router.decide, registry.changed, queueing, telemetry),
             upstream=upstream,
             drain=drain or Drain(),
@@ -200,6 +204,8 @@ async def open_gateway(
             tracing=tracing,
             discovery=Discovery(settings, registry, telemetry) if any(
                 t.discovery for t in settings.tiers) else None,
+            homes=Homes(settings.policy.affinity_keys, settings.policy.affinity_ttl_s)
+            if intake.keyed else None,
         )
         if displace is not None:
             for e in registry:  # its series at 0 (see Telemetry.declare_variants)

@@ -1,7 +1,7 @@
 """Prefix-cache affinity over real sockets: a gateway in front of a pool of three simulators.
-A session sticks to one instance; one hot prompt fills its instance to the load bound and no
-further (as the simulators themselves count their requests); and the engine's prefix cache
-shows the hits affinity brings."""
+A session sticks to one instance; one hot session fills its instance to the load bound and no
+further (as the simulators themselves count their requests), while one hot prompt sent by many
+at once is spread by the policy; and the engine's prefix cache shows the hits affinity brings."""
 
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ STREAMS = 30
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = start_stack(tmp_path_factory.mktemp("affinity"), latency=0, throughput=POOL, speedup=10,
                     throughput_args=("--prefix-caching",),
-                    policy={"name": "least-loaded", "prefix_affinity": True,
-                            "affinity_balance": BALANCE})  # fmt: skip
+                    policy={"name": "least-loaded", "affinity_balance": BALANCE})  # fmt: skip
     yield s
     s.stop()
 
@@ -48,24 +47,37 @@ def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
             assert len(seen) == 1, (session, seen)
 
 
-def test_one_hot_prompt_fills_its_instance_to_the_bound_and_no_further(stack: Stack) -> None:
-    # Each simulator's peak concurrency since it started (the test before sent one at a time).
-    hot = "the same long system prompt " * 40
+def _burst(stack: Stack, prompt: str, headers: dict[str, str]) -> Counter[str]:
+    """STREAMS streams of `prompt` at once: where they went."""
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=stack.gateway.url, timeout=60) as c:
             return await asyncio.gather(*(
-                c.post("/v1/completions", json=body(hot, max_tokens=200, stream=True))
+                c.post("/v1/completions", json=body(prompt, max_tokens=200, stream=True),
+                       headers=headers)
                 for _ in range(STREAMS)))  # fmt: skip
 
     responses = asyncio.run(run())
     assert all(r.status_code == 200 for r in responses)
-    where = Counter(r.headers["x-tiergate-backend"] for r in responses)
+    return Counter(r.headers["x-tiergate-backend"] for r in responses)
+
+
+def test_one_hot_session_fills_its_instance_to_the_bound_and_no_further(stack: Stack) -> None:
+    # Each simulator's peak concurrency since it started (the test before sent one at a time).
+    where = _burst(stack, "the same long system prompt " * 40, {"x-session-id": "hot"})
     peaks = {s.url: httpx.get(s.url + "/sim/concurrency").json()["peak"] for s in stack.throughput}
     bound = math.ceil((1 + BALANCE) * STREAMS / POOL) + SLACK
     assert max(peaks.values()) <= bound, peaks
     # Concentrated, not spread: the key's first choice took as many as the bound allows.
     assert where.most_common(1)[0][1] >= bound - 1, where
+
+
+def test_one_hot_prompt_sent_by_many_at_once_is_spread_by_the_policy(stack: Stack) -> None:
+    """Its requests hold its key at once: a prefix every instance caches after one request,
+    which no instance should take more than its share of."""
+    where = _burst(stack, "another long system prompt " * 40, {})
+    assert len(where) == POOL, where
+    assert max(where.values()) <= math.ceil(STREAMS / POOL) + 1, where
 
 
 def test_affinity_brings_prefix_cache_hits(stack: Stack) -> None:

@@ -139,7 +139,10 @@ async def test_intake_fills_the_exchange() -> None:
     assert json.loads(ex.body) == body  # forwarded as it came
     assert ex.exclude == frozenset()
     assert ex.response_headers == [(b"x-request-id", b"abc")]
-    assert ex.route_request() == RouteRequest("m", Role.LATENCY, True, frozenset())
+    # Prefix affinity is on by default: the prompt's beginning keys it (not a session).
+    assert ex.affinity is not None
+    assert ex.route_request() == RouteRequest("m", Role.LATENCY, True, frozenset(),
+                                              affinity=ex.affinity)  # fmt: skip
 
 
 async def test_request_ids_are_made_when_absent_and_unique() -> None:

@@ -1,26 +1,33 @@
-"""Prefix-cache affinity inside a tier (gateway.routing.affinity), by tables of cases: the keyed
-backend of the policy's tier goes first while it stays within the load bound; the other tier,
-unkeyed requests and decisions with a reason of their own are left alone; the key comes from the
-session, the user, the conversation's opening or the prompt's beginning."""
+"""Prefix-cache affinity (gateway.routing.affinity), by tables of cases: a key served lately goes
+back to its home in either tier while the home is within the load bound, not saturated, and not
+predicted to miss the SLO (or be past its knee) where the policy's choice would not be; a
+declared session seen for the first time goes to its keyed backend of the policy's tier; a
+prompt seen for the first time, unkeyed requests and decisions with a reason of their own keep
+the policy's order; the key comes from the session, the user, the conversation's opening or the
+prompt's beginning."""
 
 from __future__ import annotations
 
 import collections
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
 from gateway.pipeline.intake import affinity_of
 from gateway.routing import Decision, PolicyParams, Reason, RouteRequest, RouterState
 from gateway.routing.affinity import Affinity, affinity_key, rank
+from gateway.routing.curves import Curve, Prediction
+from gateway.routing.types import Backend, LoadSnapshot, Slo
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, T2, T3, load, snap, urls
 
-AFF = Affinity.of(PolicyParams(prefix_affinity=True))
+AFF = Affinity.of(PolicyParams())
 POOL = (T0, T1, T2, T3)
 KEY = affinity_key(b"conversation-1")
 # KEY's own order of the pool: its first choice, then its second...
 FIRST, SECOND, *_ = rank(KEY, POOL)
+SESSION = RouteRequest(MODEL, affinity=KEY, session=True)
 
 
 def decide(order: tuple[object, ...], reason: str = Reason.LEAST_LOADED) -> Decision:
@@ -29,6 +36,78 @@ def decide(order: tuple[object, ...], reason: str = Reason.LEAST_LOADED) -> Deci
 
 def snapshot(inflight: dict[object, int]) -> object:
     return snap(*((b, load(inflight=inflight.get(b, 0))) for b in (L0, *POOL)))
+
+
+# -- a key served lately: back to its home, in either tier ------------------------------------
+
+# TPOT by streams: the latency backend fast until a knee at 8 streams, the pool slower and flat.
+FAST = Prediction(Curve.of(lambda n: 0.010 if n <= 8 else 0.010 * (n / 8) ** 2),
+                  Curve.of(lambda n: 0.05), frontier=64)  # fmt: skip
+SLOW = Prediction(Curve.of(lambda n: 0.020 + 0.0001 * n), Curve.of(lambda n: 0.1), frontier=64)
+SLO = Slo(ttft_s=1.0, tpot_s=0.025)
+
+
+def learned_snapshot(inflight: dict[Backend, int]) -> LoadSnapshot:
+    s = snap(*((b, load(inflight=inflight.get(b, 0))) for b in (L0, *POOL)))
+    return replace(s, curves={L0.url: FAST, **{b.url: SLOW for b in POOL}})
+
+
+@pytest.mark.parametrize(
+    ("case", "home", "policy_first", "inflight", "known", "goes_home"),
+    [
+        ("idle pool: home over the policy's choice", T2, T0, {}, True, True),
+        ("home in the other tier, before its knee", L0, T0, {L0: 4}, True, True),
+        ("home already first", T0, T0, {}, True, True),
+        ("policy tries an unknown backend, home meets its SLO", L0, T0, {L0: 4}, "home", True),
+        ("policy tries an unknown backend, home past its knee", L0, T0, {L0: 14}, "home", False),
+        ("home in the pool while the latency tier is faster: home", T1, L0, {}, True, True),
+        # The latency backend at 14 streams: TPOT 0.031 s, past the 25 ms SLO; the pool meets it.
+        ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, True, False),
+        # 13 on the pool's home, 0 elsewhere: SLOW's TPOT still meets the SLO there, and one
+        # conversation holds one request at a time: the model, not the bound, decides.
+        ("known home beyond the bound, within its SLO: home", T2, T0, {T2: 13}, True, True),
+        # Nothing known of the home: the cache hit is all that is known (saturation aside).
+        ("unknown home beyond the bound", T2, T0, {T2: 6}, False, True),
+        ("unknown latency home", L0, T0, {L0: 14}, False, True),
+    ],
+)
+def test_a_key_served_lately_goes_home(
+    case: str, home: Backend, policy_first: Backend, inflight: dict[Backend, int],
+    known: bool | str, goes_home: bool,
+) -> None:  # fmt: skip
+    """`known`: the model knows every backend (True), none (False), or only the "home"."""
+    order = (policy_first, *(b for b in (L0, *POOL) if b is not policy_first))
+    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=home.url)
+    s = learned_snapshot(inflight)
+    if known is not True:
+        s = replace(s, curves={home.url: s.curves[home.url]} if known == "home" else {})
+    d = AFF(req, decide(order), s)
+    assert d.candidates[0] is (home if goes_home else policy_first), case
+    assert sorted(urls(d)) == sorted(b.url for b in order)  # nothing lost, nothing added
+
+
+@pytest.mark.parametrize(
+    ("case", "req"),
+    [
+        ("a prompt seen for the first time", RouteRequest(MODEL, affinity=KEY)),
+        ("a home that left the pool", RouteRequest(MODEL, affinity=KEY, home="http://gone:1")),
+        ("no key at all", RouteRequest(MODEL, home=T2.url)),
+    ],
+)
+def test_the_policy_order_stands(case: str, req: RouteRequest) -> None:
+    d = decide((T3, T2, T1, T0, L0))
+    assert AFF(req, d, snapshot({})) is d, case
+
+
+def test_a_saturated_home_is_left() -> None:
+    """max_waiting 8: a fresh queue of 9 saturates the home, known to the model or not."""
+    loaded = {b: load() for b in POOL} | {T2: load(running=0, waiting=9)}
+    s = snap((L0, load()), *((b, loaded[b]) for b in POOL))
+    d = decide((T0, T1, T2, T3, L0))
+    assert AFF(RouteRequest(MODEL, affinity=KEY, home=T2.url), d, s) is d
+
+
+# -- a declared session seen for the first time: its own backend of the policy's tier ---------
 
 
 @pytest.mark.parametrize(
@@ -48,7 +127,7 @@ def test_the_keyed_backend_goes_first_within_the_bound(
 ) -> None:
     policy_order = (L0, *sorted(POOL, key=lambda b: inflight.get(b, 0)))
     thr_first = (*(b for b in policy_order if b is not L0), L0)
-    d = AFF(RouteRequest(MODEL, affinity=KEY), decide(thr_first), snapshot(inflight))  # type: ignore[arg-type]
+    d = AFF(SESSION, decide(thr_first), snapshot(inflight))  # type: ignore[arg-type]
     first = d.candidates[0]
     total = sum(inflight.values())
     bound = AFF.bound([inflight.get(b, 0) for b in POOL])
@@ -64,7 +143,7 @@ def test_the_keyed_backend_goes_first_within_the_bound(
 def test_the_other_tier_and_unkeyed_requests_are_left_alone() -> None:
     s = snapshot({})
     lat_first = decide((L0, T0, T1, T2, T3))
-    assert AFF(RouteRequest(MODEL, affinity=KEY), lat_first, s) is lat_first  # one backend there
+    assert AFF(SESSION, lat_first, s) is lat_first  # one backend there
     thr_first = decide((T3, T2, T1, T0, L0))
     assert AFF(RouteRequest(MODEL), thr_first, s) is thr_first
 
@@ -74,26 +153,31 @@ def test_the_other_tier_and_unkeyed_requests_are_left_alone() -> None:
 )
 def test_decisions_with_a_reason_of_their_own_keep_their_first(reason: str) -> None:
     d = decide((T3, T2, T1, T0, L0), reason)
-    assert AFF(RouteRequest(MODEL, affinity=KEY), d, snapshot({})) is d
+    assert AFF(SESSION, d, snapshot({})) is d  # type: ignore[arg-type]
+    home = RouteRequest(MODEL, affinity=KEY, home=T2.url)
+    went = AFF(home, d, snapshot({}))  # type: ignore[arg-type]
+    # Exploration tries another backend with a request that has no home to lose.
+    assert went.candidates[0] is (T2 if reason == Reason.EXPLORE else T3)
 
 
 def test_a_saturated_backend_is_never_chosen_for_affinity() -> None:
     # max_waiting 8: a fresh queue of 9 saturates the key's first choice.
     loaded = {b: load() for b in POOL} | {FIRST: load(running=0, waiting=9)}
     s = snap((L0, load()), *((b, loaded[b]) for b in POOL))
-    d = AFF(RouteRequest(MODEL, affinity=KEY), decide((*POOL, L0)), s)
+    d = AFF(SESSION, decide((*POOL, L0)), s)
     assert d.candidates[0] is SECOND
 
 
 def test_keys_spread_over_the_pool_and_stick() -> None:
-    """Many keys on an idle pool: each keeps its backend decision after decision, and the keys
-    spread over every backend."""
+    """Many sessions on an idle pool: each keeps its backend decision after decision, and the
+    keys spread over every backend."""
     s = snapshot({})
     firsts = {}
     for k in range(400):
         key = affinity_key(f"conversation-{k}".encode())
-        d = AFF(RouteRequest(MODEL, affinity=key), decide((*POOL, L0)), s)
-        again = AFF(RouteRequest(MODEL, affinity=key), decide((*reversed(POOL), L0)), s)
+        req = RouteRequest(MODEL, affinity=key, session=True)
+        d = AFF(req, decide((*POOL, L0)), s)  # type: ignore[arg-type]
+        again = AFF(req, decide((*reversed(POOL), L0)), s)  # type: ignore[arg-type]
         assert d.candidates[0] is again.candidates[0]
         firsts[key] = d.candidates[0]
     spread = collections.Counter(b.url for b in firsts.values())
@@ -101,20 +185,20 @@ def test_keys_spread_over_the_pool_and_stick() -> None:
     assert min(spread.values()) > 60  # ~100 each
 
 
-def test_a_hot_key_never_takes_a_backend_past_the_bound() -> None:
-    """One key for everything, requests arriving while none finishes: affinity fills its first
-    choice to the bound, then spills, and no backend ever exceeds the bound."""
+def test_a_hot_session_never_takes_a_backend_past_the_bound() -> None:
+    """One session for everything, requests arriving while none finishes: affinity fills the
+    session's backend to the bound, then spills, and no backend ever exceeds the bound. (A hot
+    prompt prefix has no home: its requests hold it at once, and go by the policy.)"""
     inflight: dict[object, int] = {}
     rng = random.Random(1)
     for _ in range(200):
         order = tuple(sorted(POOL, key=lambda b: (inflight.get(b, 0), rng.random())))
         before = [inflight.get(b, 0) for b in POOL]
-        d = AFF(RouteRequest(MODEL, affinity=KEY), decide((*order, L0)), snapshot(inflight))
+        d = AFF(SESSION, decide((*order, L0)), snapshot(inflight))  # type: ignore[arg-type]
         first = d.candidates[0]
         inflight[first] = inflight.get(first, 0) + 1
         assert inflight[first] <= AFF.bound(before)
-    # The key's first choices fill to (1 + balance) x the mean + slack, the rest take the rest.
-    assert max(inflight.values()) == math.ceil(1.25 * 200 / 4) + 2
+    assert inflight[FIRST] == math.ceil(1.25 * 200 / 4) + 2
 
 
 SYSTEM = {"role": "system", "content": "S"}

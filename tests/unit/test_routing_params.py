@@ -55,7 +55,9 @@ def test_names_defined_once() -> None:
         ("full_ttft_factor", 2.0),
         ("affinity_balance", 0.25),
         ("affinity_slack", 2),
-        ("prefix_affinity", False),
+        ("prefix_affinity", True),
+        ("affinity_keys", 65536),
+        ("affinity_ttl_s", 600.0),
     ],
 )
 def test_defaults(field: str, default: float) -> None:
@@ -77,6 +79,8 @@ def test_every_parameter_is_listed_above() -> None:
         "affinity_balance",
         "affinity_slack",
         "prefix_affinity",
+        "affinity_keys",
+        "affinity_ttl_s",
     }
 
 

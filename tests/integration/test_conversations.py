@@ -1,0 +1,94 @@
+"""Conversations stick with the gateway's defaults: multi-turn chats through the official
+`openai` client, against a latency simulator and a throughput pool of two with prefix caching
+on (as `tiergate up` starts them), the default policy and affinity settings. Later turns land on
+the instance that served their conversation's first turn, one chat at a time and 32 at once,
+while the chats at once still spread over more than one instance; their prompts find the
+earlier turns in that instance's prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import openai
+import pytest
+
+from tests.integration.stack import MODEL, Stack, start_stack
+
+SYSTEM = " ".join(f"rule-{i} of the assistant" for i in range(80))  # ~320 words
+TURNS = 3
+SHARE = 0.95  # of later turns on the first turn's instance
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = start_stack(tmp_path_factory.mktemp("conversations"), latency=1, throughput=2,
+                    latency_args=("--prefix-caching",),
+                    throughput_args=("--prefix-caching",))  # fmt: skip
+    yield s
+    s.stop()
+
+
+@dataclass
+class Chat:
+    backends: list[str] = field(default_factory=list)  # per turn, x-tiergate-backend
+    cached: list[int] = field(default_factory=list)  # per turn, usage's cached tokens
+
+    @property
+    def stuck(self) -> int:
+        return sum(b == self.backends[0] for b in self.backends[1:])
+
+
+async def converse(client: openai.AsyncOpenAI, name: str) -> Chat:
+    chat = Chat()
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    for turn in range(TURNS):
+        messages.append({"role": "user", "content": f"{name} asks question {turn} " * 6})
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=24,  # type: ignore[arg-type]
+        )
+        reply = raw.parse()
+        chat.backends.append(raw.headers["x-tiergate-backend"])
+        details = reply.usage.prompt_tokens_details if reply.usage else None
+        chat.cached.append((details.cached_tokens or 0) if details else 0)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+    return chat
+
+
+def later_turns(chats: list[Chat]) -> tuple[int, int]:
+    """(later turns on their first turn's instance, later turns)."""
+    return sum(c.stuck for c in chats), sum(len(c.backends) - 1 for c in chats)
+
+
+def client(stack: Stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.gateway.url + "/v1", api_key="EMPTY",
+                              max_retries=0, timeout=60)  # fmt: skip
+
+
+def test_chats_one_at_a_time_stay_on_their_instance(stack: Stack) -> None:
+    async def run() -> list[Chat]:
+        async with client(stack) as c:
+            return [await converse(c, f"solo-{i}") for i in range(12)]
+
+    chats = asyncio.run(run())
+    stuck, later = later_turns(chats)
+    assert stuck >= SHARE * later, [c.backends for c in chats]
+    # Each later turn found at least the system prompt and its first turn cached there.
+    for c in chats:
+        for turn, cached in enumerate(c.cached[1:], 1):
+            if c.backends[turn] == c.backends[0]:
+                assert cached >= 320, (c.backends, c.cached)
+
+
+def test_32_chats_at_once_stay_on_their_instances_and_spread(stack: Stack) -> None:
+    async def run() -> list[Chat]:
+        async with client(stack) as c:
+            return await asyncio.gather(*(converse(c, f"crowd-{i}") for i in range(32)))
+
+    chats = asyncio.run(run())
+    stuck, later = later_turns(chats)
+    firsts = Counter(c.backends[0] for c in chats)
+    assert stuck >= SHARE * later, (stuck, later, [c.backends for c in chats])
+    assert len(firsts) > 1, firsts

@@ -1,0 +1,123 @@
+"""Where affinity keys were served last (gateway.pipeline.homes), on a virtual clock: a key
+served lately is a request's home; a key new, forgotten, stale or in use by another request now
+is not; the memory stays within its capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.exchange import Endpoint, Exchange
+from gateway.pipeline.homes import Homes
+from gateway.routing import Backend, Role
+
+A = Backend("http://a:1", "pool", Role.THROUGHPUT, frozenset({"m"}))
+B = Backend("http://b:1", "fast", Role.LATENCY, frozenset({"m"}))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _send(message: object) -> None:
+    pass
+
+
+def exchange(key: int | None) -> Exchange:
+    ex = Exchange("r", Endpoint("/v1/chat/completions", True), {}, _send, 0.0)
+    ex.affinity = key
+    return ex
+
+
+def served(homes: Homes, key: int, backend: Backend | None, status: int = 200) -> Exchange:
+    ex = exchange(key)
+    homes.begin(ex)
+    ex.backend, ex.status = backend, status
+    homes.end(ex)
+    return ex
+
+
+@pytest.mark.parametrize(
+    ("case", "before", "expected"),
+    [
+        ("new key", [], None),
+        ("served by A", [(A, 200)], A.url),
+        ("served by A, then B", [(A, 200), (B, 200)], B.url),
+        ("A answered with an error", [(A, 500)], None),
+        ("A answered, then an error on B", [(A, 200), (B, 502)], A.url),
+        ("nothing answered", [(None, 0)], None),
+    ],
+)
+def test_a_key_served_lately_is_a_home(
+    case: str, before: list[tuple[Backend | None, int]], expected: str | None
+) -> None:
+    homes = Homes(16, 60.0, Clock())
+    for backend, status in before:
+        served(homes, 7, backend, status)
+    ex = exchange(7)
+    homes.begin(ex)
+    assert ex.home == expected, case
+
+
+def test_a_key_in_use_by_another_request_has_no_home() -> None:
+    """A prefix requests share at once goes by the policy; once they are over it has one."""
+    homes = Homes(16, 60.0, Clock())
+    served(homes, 7, A)
+    first, second = exchange(7), exchange(7)
+    homes.begin(first)
+    homes.begin(second)
+    assert first.home == A.url
+    assert second.home is None
+    for ex in (first, second):
+        ex.backend, ex.status = B, 200
+        homes.end(ex)
+    third = exchange(7)
+    homes.begin(third)
+    assert third.home == B.url
+
+
+def test_a_stale_key_is_routed_as_new() -> None:
+    clock = Clock()
+    homes = Homes(16, 60.0, clock)
+    served(homes, 7, A)
+    clock.now = 59.0
+    ex = exchange(7)
+    homes.begin(ex)
+    assert ex.home == A.url
+    ex.backend, ex.status = A, 200
+    homes.end(ex)
+    clock.now = 59.0 + 60.5
+    late = exchange(7)
+    homes.begin(late)
+    assert late.home is None
+
+
+def test_capacity_forgets_the_least_recently_used() -> None:
+    homes = Homes(3, 60.0, Clock())
+    for key in (1, 2, 3):
+        served(homes, key, A)
+    again = exchange(1)  # key 1 used again: key 2 is now the least recently used
+    homes.begin(again)
+    again.backend, again.status = A, 200
+    homes.end(again)
+    served(homes, 4, B)
+    assert len(homes) == 3
+    # (Key 2 last: looking it up remembers it again, which forgets another.)
+    for key, home in ((1, A.url), (3, A.url), (4, B.url), (2, None)):
+        ex = exchange(key)
+        homes.begin(ex)
+        assert ex.home == home, key
+        homes.end(ex)
+
+
+def test_unkeyed_requests_are_not_remembered() -> None:
+    homes = Homes(3, 60.0, Clock())
+    ex = exchange(None)
+    homes.begin(ex)
+    ex.backend, ex.status = A, 200
+    homes.end(ex)
+    assert len(homes) == 0
+    assert ex.home is None
