@@ -4,7 +4,8 @@ A prompt is cut into blocks of `block_size` tokens; each full block is named by 
 over every token up to and including it (block i's hash covers block i-1's hash and its own
 tokens), so two prompts share cached blocks only as far as they share a prefix. A request reuses
 its longest run of leading blocks found in the cache and prefills the rest; once prefilled, its
-full blocks join the cache.
+full blocks join the cache, and so does each block of its output once computed: a chat's next
+turn, which sends the reply back, reuses it too.
 
 Blocks a running request holds are referenced and never evicted. Unreferenced cached blocks sit
 in the free part of the KV pool: they are reused on a hit, and evicted least recently used first

@@ -18,11 +18,15 @@ What is modelled, as vLLM does it:
   acceptance probabilities are the workload's, not the hardware's: `Scheduler.acceptance` starts
   as the profile's and may be replaced at any time (it applies from the next step), and a
   sequence may carry its own (`Sequence.acceptance`), as a request of another kind of text would;
-- automatic prefix caching (engines.sim.prefix): a sequence that carries its prompt's block
-  hashes prefills only what follows its longest cached prefix (at least one token, as vLLM never
-  reuses the whole prompt), and its full prompt blocks stay cached in the free part of the KV
-  pool after it ends. Blocks shared by running sequences are still counted once per sequence, so
-  the pool fills a little sooner than in vLLM when they share prefixes.
+- automatic prefix caching (engines.sim.prefix): a sequence carries the block hashes of its
+  prompt and planned output; it prefills only what follows its longest cached prefix (at least
+  one token, as vLLM never reuses the whole prompt), and every block joins the cache once its
+  tokens' KV is computed: the prompt's full blocks after prefill, each block of the output as
+  decoding fills it (the last generated token has no KV, as in vLLM). They stay cached in the
+  free part of the KV pool after the sequence ends, finished, aborted or preempted, so a next
+  turn that repeats prompt and reply hits the reply too, and a recomputed sequence hits what it
+  had generated. Blocks shared by running sequences are still counted once per sequence, so the
+  pool fills a little sooner than in vLLM when they share prefixes.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class Sequence:
     finished: bool = False
     # This sequence's draft acceptance (k probabilities); None: the scheduler's.
     acceptance: tuple[float, ...] | None = None
-    # Chained hashes of the prompt's full blocks (engines.sim.prefix); empty: never cached.
+    # Chained hashes of the full blocks of prompt + planned output (engines.sim.prefix), as far
+    # as the caller knows the tokens; empty: never cached.
     block_hashes: tuple[int, ...] = ()
     cached_tokens: int = 0  # of the prompt, found in the prefix cache at first scheduling
     cache_refs: int = 0  # leading block_hashes this sequence holds a reference on
@@ -211,23 +216,29 @@ class Scheduler:
             if seq.finished:
                 continue
             seq.computed = True
-            if self.cache is not None:
-                # Its full prompt blocks are in the KV pool now: later prompts may reuse them.
-                self.cache.acquire(seq.block_hashes[seq.cache_refs :])
-                seq.cache_refs = len(seq.block_hashes)
-                self._evict()
             out.append(self._emit(seq, 1, now))
         return out
 
     # -- internals -------------------------------------------------------------------------
     def _cached_blocks(self, seq: Sequence) -> int:
-        """Leading prompt blocks of `seq` in the prefix cache, leaving at least one prompt token
-        to compute (vLLM needs one to produce the first token's logits)."""
+        """Leading blocks of `seq`'s context (its prompt, plus what it generated before a
+        preemption) in the prefix cache, leaving at least one token to compute (vLLM needs one
+        to produce the next token's logits). Never a block of output not generated yet."""
         if self.cache is None or not seq.block_hashes:
             return 0
-        return self.cache.match(
-            seq.block_hashes, (seq.prompt_tokens - 1) // self.profile.block_size
-        )
+        return self.cache.match(seq.block_hashes, (seq.context - 1) // self.profile.block_size)
+
+    def _cache_computed(self, seq: Sequence) -> None:
+        """Add the blocks whose KV is now computed to the prefix cache: every token of the
+        context but the last generated, which no step has run yet (vLLM never computes the KV of
+        a sequence's final token, so a block it would complete is not cached)."""
+        if self.cache is None:
+            return
+        full = min(len(seq.block_hashes), (seq.context - 1) // self.profile.block_size)
+        if full > seq.cache_refs:
+            # Referenced while the sequence runs; released (and evictable) when it ends.
+            self.cache.acquire(seq.block_hashes[seq.cache_refs : full])
+            seq.cache_refs = full
 
     def _evict(self) -> None:
         """Unreferenced cached blocks live in free KV blocks: keep them within that room."""
@@ -252,6 +263,7 @@ class Scheduler:
     def _emit(self, seq: Sequence, n: int, now: float) -> Emission:
         n = min(n, seq.remaining)
         seq.generated += n
+        self._cache_computed(seq)
         if seq.first_token_at is None:
             seq.first_token_at = now
         seq.last_token_at = now

@@ -69,7 +69,7 @@ class Job:
     fault: FaultRequest
     received: float
     acceptance: tuple[float, ...] | None = None  # from x-sim-acceptance; None: the engine's
-    block_hashes: tuple[int, ...] = ()  # the prompt's, for prefix caching
+    block_hashes: tuple[int, ...] = ()  # prompt + planned output's, for prefix caching
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied, once scheduled
     priority: int = 0  # vLLM's `priority` (priority scheduling)
 
@@ -192,12 +192,16 @@ class Simulator:
             priority=body.priority,
         )
 
-    def prefix_hashes(self, prompt: list[str] | list[int]) -> tuple[int, ...]:
-        """The prompt's block hashes for the prefix cache (none when it is off)."""
+    def prefix_hashes(self, job: Job, prompt: list[str] | list[int]) -> tuple[int, ...]:
+        """The block hashes of `prompt` followed by the job's planned output, for the prefix
+        cache (none when it is off). The output counts as the words a later prompt that repeats
+        the reply would hold; after a token-id prompt no later prompt (ids) matches them, but
+        they still take cache room, as vLLM's cached output blocks do."""
         profile = self.cfg.profile
         if not profile.enable_prefix_caching:
             return ()
-        return block_hashes(prompt, profile.block_size)
+        output = tokens.output_tokens(job.seed, job.plan.tokens)
+        return block_hashes([*prompt, *output], profile.block_size)
 
     # -- speculative acceptance ---------------------------------------------------------------
     def speculative(self) -> Speculative:
@@ -365,7 +369,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         body = await sim.parse(request, CompletionRequest)
         prompt = _completion_prompt(body.prompt)
         job = sim.admit(request, body, tokens.count_prompt(prompt), body.max_tokens, "cmpl")
-        job.block_hashes = sim.prefix_hashes(tokens.prompt_tokens(prompt))
+        job.block_hashes = sim.prefix_hashes(job, tokens.prompt_tokens(prompt))
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
             stop_reason = job.plan.stop_reason if finish else None
@@ -387,7 +391,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         job = sim.admit(request, body, n_prompt, body.max_completion_tokens or body.max_tokens,
                         "chatcmpl")  # fmt: skip
         job.block_hashes = sim.prefix_hashes(
-            tokens.chat_tokens([(m.role, m.text()) for m in body.messages])
+            job, tokens.chat_tokens([(m.role, m.text()) for m in body.messages])
         )
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:

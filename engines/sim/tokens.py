@@ -4,10 +4,13 @@ Prompt tokens, the documented rule:
 - a string prompt counts one token per whitespace-separated word (`len(text.split())`), at least 1;
 - a list of token ids counts its length;
 - a chat conversation counts, per message, the words of its content plus 4 (role and separators),
-  plus 2 for the assistant header the template appends.
+  plus 3 for the assistant header the template appends.
 So a benchmark that wants a 50-token prompt sends 50 words. The tokens themselves (what prefix
 caching compares) are those words, the ids of a token-id prompt, and for a chat each message
-rendered as `<|start|> role <|sep|> words... <|end|>` followed by `<|start|> assistant`.
+rendered as `<|start|> role <|sep|> words... <|end|>` followed by `<|start|> assistant <|sep|>`.
+That header is an assistant message's opening, so a next turn that sends the conversation back
+with the reply as an assistant message extends this prompt and its output token for token; so
+does a completion prompt followed by its returned text.
 
 Output text: one word per token, each with a leading space, from a fixed vocabulary in an order
 that depends only on the request's seed (default 0), so replies are reproducible and a `stop`
@@ -29,7 +32,7 @@ VOCAB: tuple[str, ...] = (
 )  # fmt: skip
 
 CHAT_MESSAGE_OVERHEAD = 4
-CHAT_REPLY_HEADER = 2
+CHAT_REPLY_HEADER = 3
 
 
 def count_text(text: str) -> int:
@@ -57,12 +60,18 @@ def chat_tokens(messages: Sequence[tuple[str, str]]) -> list[str]:
     out: list[str] = []
     for role, content in messages:
         out += ["<|start|>", role, "<|sep|>", *content.split(), "<|end|>"]
-    return [*out, "<|start|>", "assistant"]
+    # The opening of an assistant message, so the reply continues it as a later turn renders it.
+    return [*out, "<|start|>", "assistant", "<|sep|>"]
 
 
 def word(seed: int, i: int) -> str:
     """The i-th output token for a given seed."""
     return " " + VOCAB[(seed * 7919 + i * 31 + (i * i) % 7) % len(VOCAB)]
+
+
+def output_tokens(seed: int, n: int) -> list[str]:
+    """The first n output tokens as a later prompt repeating the reply counts them (its words)."""
+    return [word(seed, i).strip() for i in range(n)]
 
 
 def text_of(seed: int, start: int, stop: int) -> str:

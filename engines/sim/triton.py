@@ -445,7 +445,7 @@ class TritonFront:
         # vLLM's engine stops a sequence at the context length rather than refusing it.
         max_tokens = min(body.max_tokens or 16, limit - n_prompt)
         job = self.sim.admit(request, body, n_prompt, max_tokens, "triton")
-        job.block_hashes = self.sim.prefix_hashes(tokens.prompt_tokens(gen.text))
+        job.block_hashes = self.sim.prefix_hashes(job, tokens.prompt_tokens(gen.text))
         return job, n_prompt
 
     def response(

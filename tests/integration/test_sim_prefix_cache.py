@@ -1,5 +1,6 @@
 """The simulator's automatic prefix caching over real sockets: a repeated long prompt comes back
-sooner, and vLLM's prefix-cache counters and usage details say how many tokens were reused."""
+sooner, a chat's next turn reuses the previous answer too, and vLLM's prefix-cache counters and
+usage details say how many tokens were reused."""
 
 from __future__ import annotations
 
@@ -88,6 +89,30 @@ def test_chats_sharing_a_system_prompt_hit_its_blocks(sim: SimProcess) -> None:
     # The system message renders to 104 tokens, then "<|start|> user <|sep|> ...": 6 full
     # blocks (96 tokens) are the system prompt's alone.
     assert usage["prompt_tokens_details"] == {"cached_tokens": 96}
+
+
+def test_a_chat_s_next_turn_hits_the_previous_answer(sim: SimProcess) -> None:
+    messages = [
+        {"role": "system", "content": " ".join(f"t{i}" for i in range(100))},  # 104 tokens
+        {"role": "user", "content": " ".join(f"u{i}" for i in range(20))},  # 24
+    ]
+
+    def chat() -> tuple[str, dict[str, Any]]:
+        body = {"model": MODEL, "max_tokens": 40, "ignore_eos": True, "messages": messages}
+        r = httpx.post(sim.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        answer: str = r.json()["choices"][0]["message"]["content"]
+        return answer, r.json()["usage"]
+
+    answer, usage = chat()
+    assert usage["prompt_tokens"] == 104 + 24 + 3
+    assert "prompt_tokens_details" not in usage
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
+    _, usage = chat()
+    assert usage["prompt_tokens"] == 104 + 24 + (40 + 4) + (1 + 4) + 3
+    # Prompt and answer: 171 tokens, of which the engine computed 170 (never its last token's
+    # KV), so 10 full blocks; the prompt alone would have given 8.
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 160}
 
 
 def test_no_prefix_caching_reuses_nothing(sim_off: SimProcess) -> None:

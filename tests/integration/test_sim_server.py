@@ -104,7 +104,7 @@ def test_chat_stream_and_non_stream(v3: SimProcess) -> None:
     assert r["object"] == "chat.completion"
     assert r["choices"][0]["message"]["role"] == "assistant"
     assert len(r["choices"][0]["message"]["content"].split()) == 8
-    assert r["usage"]["prompt_tokens"] == 2 + 4 + 2
+    assert r["usage"]["prompt_tokens"] == 2 + 4 + 3
     s = httpx.post(v3.url + "/v1/chat/completions", json=msg | {"stream": True}).text
     chunks = [json.loads(e) for e in sse_events(s)[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}

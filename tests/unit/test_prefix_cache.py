@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from engines.sim import tokens
@@ -216,3 +218,146 @@ def test_preempted_sequences_release_their_blocks_and_recompute_from_the_cache()
     assert sched.cache.unreferenced == len(sched.cache) <= 12
     # Counted once per request, not per recompute.
     assert sched.prefix_queries == 128
+
+
+# -- what a sequence generates -------------------------------------------------------------------
+def reply_seq(name: str, prompt: list[str], out: int, seed: int = 0) -> Sequence:
+    """A sequence hashed as the server hashes it: its prompt, then its planned output."""
+    hashes = block_hashes([*prompt, *tokens.output_tokens(seed, out)], 16)
+    return Sequence(name, len(prompt), out, 0.0, block_hashes=hashes)
+
+
+def step_until(sched: Scheduler, done: Callable[[], bool], now: float = 0.0) -> float:
+    """Steps the scheduler on a virtual clock until `done()`; returns the clock."""
+    while not done():
+        step = sched.plan(now)
+        assert step is not None
+        now += step.duration
+        sched.commit(step, now)
+        assert sched.cache is not None
+        assert sched.cache.unreferenced <= sched.free_blocks
+    return now
+
+
+@pytest.mark.parametrize(
+    ("prompt", "out", "cached"),
+    [
+        (64, 1, 4),  # 64 tokens computed: the one output token never had its KV computed
+        (64, 16, 4),  # 79 computed
+        (64, 17, 5),  # 80 computed: one block of output
+        (40, 30, 4),  # 69 computed
+        (10, 3, 0),  # not one full block
+    ],
+)
+def test_a_finished_sequence_caches_the_full_blocks_it_computed(
+    prompt: int, out: int, cached: int
+) -> None:
+    sched = Scheduler(profile())
+    s = reply_seq("a", words(prompt), out)
+    run_alone(sched, s)
+    assert sched.cache is not None
+    assert (len(sched.cache), sched.cache.unreferenced) == (cached, cached)
+    assert sched.cache.match(s.block_hashes, 100) == cached
+    assert sched.free_blocks == sched.profile.num_gpu_blocks
+
+
+SYSTEM = ("system", " ".join(words(100, "s")))  # renders to 104 tokens
+QUESTION = ("user", " ".join(words(20, "q")))  # 24; with the reply header, a 131-token prompt
+
+
+@pytest.mark.parametrize(
+    ("kind", "max_tokens", "stop", "cached"),
+    [
+        # 131 + 40 tokens, 170 computed: 10 full blocks (the prompt alone has 8).
+        ("chat", 40, None, 160),
+        ("chat", 45, None, 160),  # 175 computed: not the block the last token completes
+        ("chat", 46, None, 176),
+        # 35 tokens generated, the stop word hidden: the next turn repeats 165 tokens.
+        ("chat", 40, " model", 160),
+        ("completion", 40, None, 176),  # 150 + 40 tokens, 189 computed: 11 full blocks
+        ("completion", 2, None, 144),  # no block of the answer is full: the prompt's 9
+    ],
+)
+def test_a_next_turn_hits_the_previous_answer(
+    kind: str, max_tokens: int, stop: str | None, cached: int
+) -> None:
+    plan = tokens.plan_output(seed=0, max_tokens=max_tokens, min_tokens=0, ignore_eos=True,
+                              stop=[stop] if stop else [], natural=max_tokens)  # fmt: skip
+    answer = tokens.visible_text(0, plan.tokens, plan.stop_reason)  # as the server returns it
+    if kind == "chat":
+        first = tokens.chat_tokens([SYSTEM, QUESTION])
+        then = tokens.chat_tokens([SYSTEM, QUESTION, ("assistant", answer), ("user", "and then")])
+    else:
+        text = " ".join(words(150))
+        first, then = text.split(), text.split() + answer.split() + ["and", "then"]
+        assert tokens.prompt_tokens(text + answer + " and then") == then
+    # The next prompt repeats the first one and the answer it was shown, token for token.
+    shown = len(answer.split())
+    assert then[: len(first) + shown] == [*first, *tokens.output_tokens(0, shown)]
+    sched = Scheduler(profile())
+    run_alone(sched, reply_seq("first", first, plan.tokens))
+    nxt = reply_seq("next", then, 8)
+    run_alone(sched, nxt)
+    assert nxt.cached_tokens == cached
+    assert sched.prefix_hits == cached
+    assert sched.prefix_queries == len(first) + len(then)
+
+
+@pytest.mark.parametrize(
+    ("steps", "cached"),
+    [
+        (0, 0),  # still waiting: nothing computed
+        (1, 4),  # prefilled: the prompt's 4 full blocks (its first output token has no KV)
+        (16, 4),  # 79 tokens computed
+        (17, 5),  # 80: the first block of output
+        (40, 6),
+    ],
+)
+def test_an_aborted_sequence_leaves_what_it_computed_cached(steps: int, cached: int) -> None:
+    sched = Scheduler(profile())
+    s = reply_seq("a", words(64), 100)
+    sched.add(s)
+    step_until(sched, lambda: s.generated >= steps)
+    assert s.generated == steps
+    assert sched.abort(s)
+    assert sched.cache is not None
+    assert (len(sched.cache), sched.cache.unreferenced) == (cached, cached)
+    assert sched.cache.match(s.block_hashes, 100) == cached
+    assert sched.free_blocks == sched.profile.num_gpu_blocks
+
+
+def test_a_preempted_sequence_recomputes_only_past_its_cached_output() -> None:
+    # 8 blocks: a (48 + 45 tokens) and b (16 + 100) fill them when a needs its 6th block, at
+    # 80 tokens; b, the newest, is preempted with 48 tokens, 47 computed: 2 full blocks cached.
+    sched = Scheduler(profile(num_gpu_blocks=8))
+    a, b = reply_seq("a", words(48, "a"), 45), reply_seq("b", words(16, "b"), 100)
+    sched.add(a)
+    sched.add(b)
+    now = step_until(sched, lambda: b.preemptions > 0)
+    assert (b.context, b.generated) == (48, 32)
+    now = step_until(sched, lambda: a.finished, now)
+    assert b in sched.waiting
+    step = sched.plan(now)
+    assert step is not None
+    assert step.prefills == [b]
+    # Recomputed from its 2 cached blocks (prompt and first output block): 16 tokens, not 48.
+    assert step.tokens == 16
+    sched.commit(step, now + step.duration)
+    step_until(sched, lambda: b.finished, now + step.duration)
+    assert (b.cached_tokens, sched.prefix_queries) == (0, 64)  # counted at first scheduling
+    assert sched.free_blocks == 8
+
+
+def test_output_blocks_are_evicted_least_recently_used_tail_first() -> None:
+    # 20 blocks; each 64-token prompt with 40 output tokens leaves 6 cached blocks (103 tokens
+    # computed) and holds 7 at its longest.
+    sched = Scheduler(profile(num_gpu_blocks=20))
+    seqs = {tag: reply_seq(tag, words(64, tag), 40) for tag in "abcd"}
+    now = 0.0
+    for s in seqs.values():
+        sched.add(s)
+        now = step_until(sched, lambda: sched.idle, now)
+    assert sched.cache is not None
+    # d needed 7 blocks beside 18 cached ones: 5 of a's went, its output blocks first.
+    assert [sched.cache.match(s.block_hashes, 100) for s in seqs.values()] == [1, 6, 6, 6]
+    assert sched.cache.unreferenced == len(sched.cache) == 19 <= sched.free_blocks == 20

@@ -22,7 +22,7 @@ def test_prompt_counting_rule(prompt: str | list[int], expected: int) -> None:
 
 
 def test_chat_counting_rule() -> None:
-    assert tokens.count_chat(["hi there", "yes"]) == (2 + 4) + (1 + 4) + 2
+    assert tokens.count_chat(["hi there", "yes"]) == (2 + 4) + (1 + 4) + 3
 
 
 def test_output_is_one_word_per_token_and_deterministic() -> None:
