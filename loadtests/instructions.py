@@ -12,14 +12,17 @@ The same count repeated gives the same figure to well under 1% (the report shows
 a 5% difference is a real one.
 
 Two kinds of request: small non-streamed completions (4 tokens), and streams of 64 tokens with
-usage (66 SSE events each). Under callgrind a gateway starts in about a minute and a half; a run
-with a baseline takes a few minutes.
+usage (66 SSE events each). `--backends N` puts N simulators in the pool (where prefix affinity
+and the policy's choice have work to do), and `--one-off` makes every request's prompt one never
+sent before (what affinity costs where nothing repeats). Under callgrind a gateway starts in
+about a minute and a half; a run with a baseline takes a few minutes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import platform
 import re
@@ -59,6 +62,8 @@ class Options:
     requests: int = 400  # counted requests per kind, per round
     warmup: int = 50
     rounds: int = 2  # the count repeated, to show how exactly it repeats
+    backends: int = 1  # simulators in the pool
+    one_off: bool = False  # each request's prompt one never sent before
     out: Path = Path("docs/results/instructions.json")
 
 
@@ -153,26 +158,37 @@ def _post(conn: http.client.HTTPConnection, payload: bytes) -> None:
         raise RuntimeError(f"the gateway answered {r.status}")
 
 
-def count(gw: GatewayProcess, payload: bytes, opts: Options) -> float:
+def count(gw: GatewayProcess, body: dict[str, Any], opts: Options) -> float:
     """Instructions per request: warm up, zero, `opts.requests` requests, read the total."""
     conn = http.client.HTTPConnection(gw.host, gw.port, timeout=300)
+    serial = itertools.count()
+
+    def payload() -> bytes:
+        if not opts.one_off:
+            return fixed
+        # The same length every time, so that only its newness differs from the fixed one.
+        return json.dumps(body | {"prompt": f"{body['prompt']} {next(serial):08d}"}).encode()
+
+    fixed = json.dumps(body).encode()
     try:
         for _ in range(opts.warmup):
-            _post(conn, payload)
+            _post(conn, payload())
         zero(gw.pid)
         for _ in range(opts.requests):
-            _post(conn, payload)
+            _post(conn, payload())
         return instructions(gw.pid) / opts.requests
     finally:
         conn.close()
 
 
-def config(sim_url: str, model: str) -> dict[str, Any]:
+def config(sim_urls: list[str], model: str) -> dict[str, Any]:
     # The overhead benchmark's gateway, with scraping switched off after the first round: its
     # cost would land in whichever request's window it fell into. Health and readiness come
     # from that first scrape.
     monitor = {"scrape_interval_s": 100_000, "probe_interval_s": 100_000}
-    return {**gateway_config(sim_url, model), "monitor": monitor}
+    cfg = gateway_config(sim_urls[0], model)
+    cfg["tiers"][0]["backends"] = [{"url": u, "models": [model]} for u in sim_urls]
+    return {**cfg, "monitor": monitor}
 
 
 @contextlib.contextmanager
@@ -198,16 +214,16 @@ def _gateway(name: str, work: Path, cfg: Path, baseline: Baseline | None,
 def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     model = load_profile(PROFILE).model
-    payloads = {"small": json.dumps(small_body(model)).encode(),
-                "stream": json.dumps(stream_body(model, 64, usage=True)).encode()}  # fmt: skip
+    bodies = {"small": small_body(model), "stream": stream_body(model, 64, usage=True)}
     cells: dict[tuple[str, str], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-instructions-") as tmp:
         work = Path(tmp)
         with contextlib.ExitStack() as stack:
-            sim = stack.enter_context(SimProcess(profile=PROFILE, log=work / "sim.log",
-                                                 args=["--model", model]))  # fmt: skip
+            sims = [stack.enter_context(SimProcess(profile=PROFILE, log=work / f"sim-{i}.log",
+                                                   args=["--model", model]))
+                    for i in range(opts.backends)]  # fmt: skip
             cfg = work / "gateway.yaml"
-            cfg.write_text(yaml.safe_dump(config(sim.url, model)))
+            cfg.write_text(yaml.safe_dump(config([s.url for s in sims], model)))
             base = stack.enter_context(checkout(opts.baseline, work))
             targets: list[tuple[str, Baseline | None]] = [("gateway", None), (base.name, base)]
             for r in range(opts.rounds):
@@ -217,7 +233,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     with console.status(status), _gateway(name, work, cfg, baseline) as gw:
                         for kind in KINDS:
                             cell = cells.setdefault((name, kind), Cell(name, kind, opts.requests))
-                            cell.per_request.append(count(gw, payloads[kind], opts))
+                            cell.per_request.append(count(gw, bodies[kind], opts))
                     console.print(f"round {r + 1}: {name} counted in "
                                   f"{time.perf_counter() - started:.0f} s")  # fmt: skip
         report = _report(opts, base, list(cells.values()))
@@ -242,6 +258,10 @@ def _report(opts: Options, base: Baseline, cells: list[Cell]) -> dict[str, Any]:
         "baseline": {"ref": base.ref, "sha": base.sha, "name": base.name},
         "rows": rows,
     }
+
+
+def _sims(n: int) -> str:
+    return "one `instant` simulator" if n == 1 else f"{n} `instant` simulators (one pool)"
 
 
 def _fmt(v: float) -> str:
@@ -276,12 +296,14 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
         f"- Date: {report['date']}; {report['machine']}",
         f"- Baseline: `{report['baseline']['ref']}` = {report['baseline']['sha']}, extracted with"
         " `git archive` and run from its own folder.",
-        "- Each gateway runs under valgrind's callgrind in front of one `instant` simulator, with"
+        f"- Each gateway runs under valgrind's callgrind in front of {_sims(opts.backends)}, with"
         " periodic scraping off, and serves requests one after another on one keep-alive"
         f" connection: {opts.warmup} to warm up, then the counters are zeroed and"
         f" {opts.requests} requests of each kind are counted. Instructions of the whole gateway"
         " process (uvicorn, aiohttp, Python) divided by the requests; the median over rounds"
-        " (each round a fresh process, targets alternating).",
+        " (each round a fresh process, targets alternating)."
+        + (" Every request's prompt is one never sent before (a serial number appended)."
+           if opts.one_off else " Every request is the same."),
         f"- Criterion: the working tree's gateway no more than {MAX_RATIO:.2f}x the baseline's.",
         "",
         "| " + " | ".join(head) + " |",
@@ -304,6 +326,16 @@ def command(
         int, typer.Option(min=1, help="Counted requests per kind and round.")
     ] = 400,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds (a fresh process each).")] = 2,
+    backends: Annotated[
+        int, typer.Option(min=1, help="Simulators in the pool (2+: the routing stages work).")
+    ] = 1,
+    one_off: Annotated[
+        bool,
+        typer.Option(
+            "--one-off/--repeated",
+            help="Each request's prompt one never sent before, or all alike.",
+        ),
+    ] = False,
     out: Annotated[Path, typer.Option(help="JSON results; the .md is written next to it.")] = Path(
         "docs/results/instructions.json"
     ),
@@ -312,4 +344,5 @@ def command(
     where timings drift), against the gateway of another commit: small requests and streams."""
 
     setup_logging("warning")
-    run(Options(baseline=baseline, requests=requests, rounds=rounds, out=out))
+    run(Options(baseline=baseline, requests=requests, rounds=rounds, backends=backends,
+                one_off=one_off, out=out))  # fmt: skip

@@ -40,6 +40,14 @@ def command(
             "that time one routing decision alone.",
         ),
     ] = 100_000,
+    workload: Annotated[
+        str,
+        typer.Option(
+            help="one-off: every request a prompt of its own; chat: conversations of 4 turns "
+            "sharing a 600-token system prompt, each turn resending the history (prefix "
+            "caching and affinity at work)."
+        ),
+    ] = "one-off",
     out: Annotated[
         Path | None,
         typer.Option(help="Folder for routing-sim.md/.json/.png and the learned-* plots."),
@@ -59,6 +67,8 @@ def command(
             )
         return tuple(names) if names else known
 
+    if workload not in study.WORKLOADS:
+        raise typer.BadParameter(f"unknown workload {workload}; choose from one-off, chat")
     opts = study.Options(
         phase_s=phase_seconds,
         seeds=seeds,
@@ -68,5 +78,6 @@ def command(
         jobs=jobs,
         out=out,
         decision_calls=decision_calls,
+        workload=workload,
     )
     study.run(opts)

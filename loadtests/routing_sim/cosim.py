@@ -14,8 +14,13 @@ pool, with no HTTP and no real time, so that a routing study of hundreds of runs
   and the routing policy built by `build_policy`, called as `gateway.pipeline.router.Router` calls
   it;
 - users: the closed loop of `loadtests.harness.phases` (a user active in a phase sends its next
-request
-  as soon as its last one finished; a request belongs to the phase in which it finished).
+  request as soon as its last one finished; a request belongs to the phase in which it
+  finished). Each request a prompt of its own (`turns` 1), or a turn of a conversation (`turns`
+  2 and more): a system prompt every conversation shares, then each turn resends the history
+  (earlier questions and answers) and a new question, so the engines' prefix caches (the
+  scheduler's, on) serve what an instance has seen of it; the gateway's prefix affinity
+  (`gateway.pipeline.homes` and the router's affinity stage, as `Router.decide` applies it)
+  sends a conversation back where it was served.
 
 The gateway's admission control is not modelled: a decision whose reason is `saturated` still
 goes to its primary (counted). No failures, so no retries. The latency model is fed only when
@@ -32,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.sim.prefix import block_hashes
 from engines.sim.profile import Profile, load_profile
 from engines.sim.scheduler import Scheduler, Sequence
 from gateway.backends.learner import slo_limit
@@ -40,7 +46,9 @@ from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import BackendConfig, MonitorConfig, PolicyConfig, Settings, TierConfig
 from gateway.core.exchange import Endpoint, Exchange
 from gateway.observe.telemetry import Telemetry
+from gateway.pipeline.homes import Homes
 from gateway.routing import PolicyParams, Reason, Role, Slo
+from gateway.routing.affinity import affinity_key
 from gateway.serve.assembly import core
 from gateway.wire.metrics import EngineStats
 
@@ -82,10 +90,14 @@ class RunSpec:
     seed: int = 0
     # (virtual second, acceptance vector): the latency engines' workload changes then.
     shifts: tuple[tuple[float, tuple[float, ...]], ...] = ()
-    prompt_tokens: int = 50
+    prompt_tokens: int = 50  # a one-off prompt's; a conversation's question's
     output_tokens: int = 256
     scrape_interval_s: float = 0.25
     trace: bool = False  # record the latency tier's learned limit and routing share per scrape
+    # Conversations: turns each (1: every request a prompt of its own), opening with a system
+    # prompt of `system_tokens` every conversation shares.
+    turns: int = 1
+    system_tokens: int = 0
 
     @property
     def duration(self) -> float:
@@ -103,6 +115,9 @@ class Done:
     tpot: float
     met: bool
     reason: str
+    turn: int = 0  # of its conversation (0: the first, or a one-off prompt)
+    stayed: bool = False  # a later turn served where its conversation's last turn was
+    cached: int = 0  # prompt tokens the engine's prefix cache supplied
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +162,19 @@ class _Request:
     ex: Exchange
     engine: _Engine
     seq: Sequence
+    turn: int = 0
+    tokens: tuple[str, ...] = ()  # prompt + output, for the conversation's next turn
+
+
+@dataclass(slots=True)
+class _Conversation:
+    """A user's conversation in progress: its key, the turn it is at, its history's tokens,
+    and where its last turn was served."""
+
+    key: int
+    turn: int = 0
+    history: tuple[str, ...] = ()
+    last: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -235,6 +263,12 @@ class _Sim:
         self.reasons: Counter[str] = Counter()
         self.trace: list[TracePoint] = []
         self._routed = self._routed_latency = 0
+        # Conversations (spec.turns > 1): each user's current one, and the gateway's memory of
+        # where each key was served (as gateway.serve.assembly builds it).
+        params = spec.params
+        self.homes = Homes(params.affinity_keys, params.affinity_ttl_s, self.clock)
+        self.talks: dict[int, _Conversation] = {}
+        self.system = tuple(f"s{i}" for i in range(spec.system_tokens))
         self.dirty: set[_Engine] = set()
         self.areas: list[dict[str, float]] = []  # lease integrals at each phase's start
 
@@ -326,11 +360,20 @@ class _Sim:
         now, ex, entry = self.now, req.ex, req.engine.entry
         ex.output_tokens = req.seq.generated
         # The lease ends with the stream (gateway.backends.registry.Lease.__exit__), then the
-        # learner reads the finished exchange (gateway.serve.app).
+        # learner reads the finished exchange, and the memory of homes (gateway.serve.app).
         self.store.release(entry.url)
         entry.count_lease(-1, ex.slo.tpot_s, now)
         if self.learn:
             self.learner.finished(ex)
+        self.homes.end(ex)
+        stayed = False
+        talk = self.talks.get(req.user)
+        if talk is not None:
+            stayed = req.turn > 0 and talk.last == entry.url
+            talk.last, talk.history = entry.url, req.tokens
+            talk.turn += 1
+            if talk.turn >= self.spec.turns:
+                del self.talks[req.user]
         del self.requests[req.seq]
         assert ex.first_text_at is not None
         assert ex.last_text_at is not None
@@ -341,9 +384,8 @@ class _Sim:
         end = self.spec.duration
         phase = int(now // self.spec.phase_s) if now < end else None
         met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
-        self.done.append(
-            Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason)
-        )
+        self.done.append(Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason,
+                              req.turn, stayed, req.seq.cached_tokens))  # fmt: skip
         self.busy_users.discard(req.user)
         if req.user < self.wanted:
             self.send(req.user)
@@ -356,13 +398,17 @@ class _Sim:
         n = self.sent_by_user[user]
         ex = Exchange(f"{user}-{n}", ENDPOINT, {}, _discard, now, model=MODEL, stream=True,
                       slo=spec.slo)  # fmt: skip
+        turn, prompt, tokens = self.prompt(user, n, ex)
         # gateway.pipeline.router.Router.decide, with the policy call alone timed.
         router, registry = self.router, self.registry
+        self.homes.begin(ex)
         req, snap = ex.route_request(), registry.snapshot()
         t0 = time.perf_counter_ns()
         decision = router.policy(req, snap, router.state, router.rng)
         self.decision_ns.append(time.perf_counter_ns() - t0)
         router.state = decision.state
+        if router.affinity is not None and req.affinity is not None:
+            decision = router.affinity(req, decision, snap)
         self.decision_inflight.append(sum(e.entry.busy for e in self.engines))
         ex.decision = decision
         self.reasons[decision.reason] += 1
@@ -378,11 +424,30 @@ class _Sim:
         ex.attempts, ex.backend, ex.status = 1, backend, 200
         self._routed += 1
         self._routed_latency += backend.role is Role.LATENCY
-        seq = Sequence(ex.id, spec.prompt_tokens, spec.output_tokens, now)
-        r = _Request(user, ex, engine, seq)
+        seq = Sequence(ex.id, prompt, spec.output_tokens, now)
+        if tokens:
+            seq.block_hashes = block_hashes(tokens, engine.profile.block_size)
+        r = _Request(user, ex, engine, seq, turn, tokens)
         self.requests[seq] = r
         delay = engine.profile.cost.frontend_delay_s(len(engine.sched.running))
         self.push(now + delay, _ARRIVE, r)
+
+    def prompt(self, user: int, n: int, ex: Exchange) -> tuple[int, int, tuple[str, ...]]:
+        """The user's next prompt: (its turn, its tokens, the tokens of prompt + answer for the
+        prefix cache; none for a one-off prompt, which no cache holds). A conversation's turn
+        carries its key, as the gateway's intake derives it."""
+        spec = self.spec
+        if spec.turns <= 1:
+            return 0, spec.prompt_tokens, ()
+        talk = self.talks.get(user)
+        if talk is None:
+            talk = self.talks[user] = _Conversation(affinity_key(f"{user}-{n}".encode()))
+        ex.affinity = talk.key
+        turn = talk.turn
+        question = tuple(f"q{user}.{n}.{i}" for i in range(spec.prompt_tokens))
+        answer = tuple(f"a{user}.{n}.{i}" for i in range(spec.output_tokens))
+        prompt = (talk.history or self.system) + question
+        return turn, len(prompt), prompt + answer
 
     def scrape(self) -> None:
         """One monitor round: every engine's page into the registry (and the learner), then

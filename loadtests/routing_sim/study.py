@@ -9,6 +9,11 @@ the sweep's best L by SLO-met count, chosen with hindsight per cell. A request c
 finished inside a phase and met its SLO (TTFT and TPOT); counts are summed over seeds and
 compared against counting noise, 2 sqrt(a + b), as `tiergate bench routing` does.
 
+Two workloads: `one-off` (every request a 50-token prompt of its own) and `chat` (conversations
+of CHAT_TURNS turns opening with a CHAT_SYSTEM-token system prompt every conversation shares, each
+turn resending the history and a new 50-token question: the engines' prefix caches and the
+gateway's prefix affinity at work).
+
 Beside the matrix: the `shift` deployment under a steady load of 48 users, traced (the
 learned latency-tier limit and TPOT against the truth, and where requests went), and the
 learned TPOT curves of three deployments against the closed-loop truth of their profiles.
@@ -69,6 +74,9 @@ PLAIN: Final = ("learned", "golden-range", "least-loaded", "power-of-two")
 
 
 CURVE_DEPLOYMENTS: Final = ("little", "tutorial", "a-lot", "knee-64")
+WORKLOADS: Final = ("one-off", "chat")
+CHAT_TURNS: Final = 4
+CHAT_SYSTEM: Final = 600  # tokens of the system prompt every conversation shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +117,7 @@ class Options:
     jobs: int = 0  # 0: one per CPU
     out: Path | None = None
     decision_calls: int = 100_000  # per policy and snapshot size, for the decision's cost alone
+    workload: str = "one-off"  # or "chat": conversations (WORKLOADS)
 
     def command(self) -> str:
         """The command line that runs this study (defaults left out; no machine paths)."""
@@ -127,6 +136,8 @@ class Options:
                 args += [f"{flag} {x}" for x in mine]
         if self.decision_calls != default.decision_calls:
             args.append(f"--decision-calls {self.decision_calls}")
+        if self.workload != default.workload:
+            args.append(f"--workload {self.workload}")
         if self.out is not None:
             args.append(f"--out {self.out if not self.out.is_absolute() else 'DIR'}")
         return " ".join(args)
@@ -176,6 +187,9 @@ class Summary:
     ejections: int
     inflight_left: int
     wall_s: float
+    later: int = 0  # later turns of conversations, counted
+    stayed: int = 0  # ... of them served where their conversation's last turn was
+    cached: int = 0  # prompt tokens the engines' prefix caches supplied, counted requests
 
 
 def summarize(result: RunResult) -> Summary:
@@ -232,6 +246,9 @@ def summarize(result: RunResult) -> Summary:
         ejections=result.ejections,
         inflight_left=result.inflight_left,
         wall_s=result.wall_s,
+        later=sum(d.turn > 0 for d in counted),
+        stayed=sum(d.stayed for d in counted),
+        cached=sum(d.cached for d in counted),
     )
 
 
@@ -240,10 +257,11 @@ def _work(task: Task) -> tuple[Task, Summary]:
 
 
 # -- the tasks -------------------------------------------------------------------------------
-def spec_of(cell: Cell, arm: Arm, seed: int, phase_s: float) -> RunSpec:
+def spec_of(cell: Cell, arm: Arm, seed: int, phase_s: float, workload: str = "one-off") -> RunSpec:
     deployment, shape, slo = cell
     d = DEPLOYMENTS[deployment]
     users = SHAPES[shape]
+    chat = workload == "chat"
     return RunSpec(
         d.latency,
         d.throughput,
@@ -254,6 +272,8 @@ def spec_of(cell: Cell, arm: Arm, seed: int, phase_s: float) -> RunSpec:
         arm.params,
         seed,
         d.shifts(len(users) * phase_s),
+        turns=CHAT_TURNS if chat else 1,
+        system_tokens=CHAT_SYSTEM if chat else 0,
     )
 
 
@@ -282,7 +302,7 @@ def tasks(opts: Options) -> list[Task]:
     for cell in cells_of(opts):
         for arm in arms(opts.limits):
             for seed in range(opts.seeds):
-                spec = spec_of(cell, arm, seed, opts.phase_s)
+                spec = spec_of(cell, arm, seed, opts.phase_s, opts.workload)
                 out.append(Task("matrix", (cell, arm.label, seed), spec))
     for seed in range(opts.seeds):
         out.append(Task("shift", (seed,), shift_spec(seed, opts.phase_s)))
@@ -589,6 +609,7 @@ def build_report(
     learned = [s for (t, s) in done if t.kind == "matrix" and t.key[1] == "learned"]
     golden = [s for (t, s) in done if t.kind == "matrix" and t.key[1] == "golden-range"]
     everything = [s for _t, s in done]
+    later = sum(s.later for s in learned)
     return {
         "command": opts.command(),
         "date": time.strftime("%Y-%m-%d"),
@@ -600,7 +621,11 @@ def build_report(
             "deployments": list(opts.deployments),
             "shapes": list(opts.shapes),
             "slos": list(opts.slos),
+            "workload": opts.workload,
         },
+        # Conversations: the default policy's later turns served where the last one was.
+        "affinity": {"later_turns": later, "stayed": sum(s.stayed for s in learned),
+                     "share": sum(s.stayed for s in learned) / later if later else None},
         "deployments": {
             k: {
                 "latency": list(d.latency),
@@ -987,7 +1012,13 @@ def markdown(report: dict[str, Any]) -> str:
         "Scrapes every 0.25 virtual s; requests are streams of 50 prompt and 256 output "
         "tokens from closed-loop users (`loadtests.harness.phases` shapes), all of one SLO class "
         "per "
-        "run (the request carries it, as `x-tiergate-slo-*` headers would). The gateway runs "
+        "run (the request carries it, as `x-tiergate-slo-*` headers would)"
+        + (f"; each user holds conversations of {CHAT_TURNS} turns, opening with a "
+           f"{CHAT_SYSTEM}-token system prompt every conversation shares, each turn resending "
+           "the history (earlier questions and answers) and a new question, the engines' prefix "
+           "caches on (a later turn served where its conversation was finds it cached), tiergate's"
+           " prefix affinity at its defaults in every arm" if o.get("workload") == "chat"
+           else "") + ". The gateway runs "
         "its default configuration otherwise (`tiergate up`'s: policy parameters, learning "
         "settings) and starts cold in every run: nothing is known of any backend. No admission "
         "control: a decision reported `saturated` still goes to its primary (counted below). "
@@ -1113,6 +1144,11 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         out.append("- golden-range beat every fixed limit of the sweep in " + ", ".join(beaten)
                    + " (its sharing past the golden range, up to the hard cap, is not a fixed "
                    "limit): the oracle is the best fixed limit, not an upper bound.")  # fmt: skip
+    aff = report.get("affinity") or {}
+    if aff.get("later_turns"):
+        out.append(f"- learned's later turns of conversations served where their conversation's "
+                   f"last turn was: {aff['stayed']} of {aff['later_turns']} "
+                   f"({aff['share']:.1%}), over every cell and seed.")  # fmt: skip
     return out
 
 

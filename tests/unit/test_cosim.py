@@ -6,17 +6,20 @@ and the command end to end on a tiny matrix."""
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from engines.sim.profile import load_profile
 from gateway.routing import PolicyParams, Reason, Role, Slo
 from loadtests import decision_cost
 from loadtests.decision_cost import decision_alone, snapshot
+from loadtests.routing_sim import study
 from loadtests.routing_sim.cosim import RunSpec, simulate
 from loadtests.routing_sim.study import (
     DEPLOYMENTS,
@@ -247,3 +250,39 @@ def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["bench", "decision-cost", "--policy", "nope"])
     assert bad.exit_code == 2
     assert "unknown policy nope" in bad.output
+
+
+@pytest.mark.parametrize(("affinity", "at_least"), [(True, 0.95), (False, 0.0)])
+def test_conversations_go_back_where_they_were_served(affinity: bool, at_least: float) -> None:
+    """Conversations of 4 turns over a shared system prompt: with affinity (the default) later
+    turns are served where their conversation's last turn was, and find it in that engine's
+    prefix cache; every request is still accounted for either way."""
+    r = simulate(spec(turns=4, system_tokens=600, users=(4, 16, 4), phase_s=6.0,
+                      params=PolicyParams(prefix_affinity=affinity)))  # fmt: skip
+    assert r.sent == len(r.done)
+    assert r.inflight_left == 0
+    later = [d for d in r.done if d.turn > 0]
+    assert len(later) > 40
+    assert {d.turn for d in r.done} == {0, 1, 2, 3}
+    stayed = sum(d.stayed for d in later) / len(later)
+    assert stayed >= at_least, stayed
+    # A turn served where its conversation was finds at least the system prompt and the
+    # conversation's last turn cached: 600 + 50 + 256 tokens, less one partial block.
+    for d in later:
+        if d.stayed:
+            assert d.cached >= 600 + (d.turn - 1) * 306 + 290, d
+    assert all(d.cached == 0 for d in r.done if d.turn == 0 and d.at < 1.0)  # a cold start
+
+
+def test_the_chat_workload_reaches_the_report() -> None:
+    # (Phases long enough for a conversation's second turn to finish inside one; two fixed
+    # limits only, no report files: the command's own test covers those.)
+    opts = Options(phase_s=3.0, seeds=1, deployments=("little",), shapes=("burst",),
+                   slos=("interactive",), limits=(0, 8), jobs=1, decision_calls=50,
+                   workload="chat")  # fmt: skip
+    report = study.run(opts, Console(file=io.StringIO()))
+    assert report["options"]["workload"] == "chat"
+    assert report["affinity"]["later_turns"] > 0
+    assert report["affinity"]["share"] > 0.5  # (conversations move off a tier past its knee)
+    assert "--workload chat" in report["command"]
+    assert "conversations of 4 turns" in study.markdown(report)
