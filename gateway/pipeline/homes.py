@@ -16,20 +16,18 @@ goes to its own backend by hashing, the same in every worker).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 from gateway.core.exchange import Exchange
 
 __all__ = ["Homes"]
 
-
-@dataclass(slots=True)
-class _Entry:
-    home: str | None  # the URL of the backend that served the key last
-    seen: float  # when a request holding it last began or ended
-    busy: int  # requests holding it in flight
+# An entry: [the URL of the backend that served the key last (None: none yet), when a request
+# holding the key last began or ended, requests holding it in flight]. (A list and a plain
+# dict: a begin and an end run on every keyed request, and a dataclass entry in an OrderedDict
+# cost twice as much.)
+_HOME, _SEEN, _BUSY = 0, 1, 2
 
 
 class Homes:
@@ -37,10 +35,18 @@ class Homes:
         self, capacity: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.capacity, self.ttl_s, self.clock = capacity, ttl_s, clock
-        self._keys: OrderedDict[int, _Entry] = OrderedDict()
+        # Least recently used first (a dict keeps insertion order; a key used again is
+        # inserted again).
+        self._keys: dict[int, list[Any]] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def _remember(self, key: int, entry: list[Any]) -> None:
+        keys = self._keys
+        keys[key] = entry
+        if len(keys) > self.capacity:
+            del keys[next(iter(keys))]
 
     def begin(self, ex: Exchange) -> None:
         """`ex` is about to be routed: set its home (None when its key is new, stale, or in use
@@ -49,20 +55,14 @@ class Homes:
         if key is None:
             return
         now = self.clock()
-        keys = self._keys
-        entry = keys.get(key)
+        entry = self._keys.pop(key, None)
         if entry is None:
-            keys[key] = _Entry(None, now, 1)
-            if len(keys) > self.capacity:
-                keys.popitem(last=False)
+            self._remember(key, [None, now, 1])
             return
-        keys.move_to_end(key)
-        if entry.busy or now - entry.seen > self.ttl_s:
-            ex.home = None
-        else:
-            ex.home = entry.home
-        entry.busy += 1
-        entry.seen = now
+        busy = entry[_BUSY]
+        ex.home = None if busy or now - entry[_SEEN] > self.ttl_s else entry[_HOME]
+        entry[_BUSY], entry[_SEEN] = busy + 1, now
+        self._remember(key, entry)
 
     def end(self, ex: Exchange) -> None:
         """`ex` is over: the backend that answered it (if one did) becomes its key's home."""
@@ -73,10 +73,9 @@ class Homes:
         if entry is None:  # forgotten meanwhile (capacity): remembered again
             if ex.backend is None:
                 return
-            entry = self._keys[key] = _Entry(None, 0.0, 1)
-            if len(self._keys) > self.capacity:
-                self._keys.popitem(last=False)
-        entry.busy = max(0, entry.busy - 1)
-        entry.seen = self.clock()
+            entry = [None, 0.0, 1]
+            self._remember(key, entry)
+        busy = entry[_BUSY]
+        entry[_BUSY], entry[_SEEN] = busy - 1 if busy > 0 else 0, self.clock()
         if ex.backend is not None and ex.status < 400:
-            entry.home = ex.backend.url
+            entry[_HOME] = ex.backend.url

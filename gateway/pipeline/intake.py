@@ -238,7 +238,12 @@ def affinity_of(session: bytes | None, data: dict[str, Any], chat: bool) -> int 
     """The request's prefix-cache affinity key: its `x-session-id` header, else its `user`
     field, else what its conversation shares with its later turns (a chat's messages up to
     its first user message: the system prompt and the question that opened it) or a prompt's
-    beginning. None when the request has nothing to key on."""
+    beginning. None when the request has nothing to key on.
+
+    A declared session's key is the same in every process (blake2b): it picks its instance by
+    rendezvous hashing, alike in every replica and worker. The others only key this process's
+    memory of where they were served (gateway.pipeline.homes), so Python's own hash, salted per
+    process, does: a tenth of blake2b's cost, on every request."""
     if (who := caller(session, data)) is not None:
         return affinity_key(who[0] + b":" + who[1])
     if chat:
@@ -248,14 +253,14 @@ def affinity_of(session: bytes | None, data: dict[str, Any], chat: bool) -> int 
         opening = next((i for i, m in enumerate(messages)
                         if isinstance(m, dict) and m.get("role") == "user"), 0)  # fmt: skip
         head = json.dumps(messages[: opening + 1], sort_keys=True, separators=(",", ":"))
-        return affinity_key(b"chat:" + head.encode())
+        return hash(("chat", head))
     prompt = data.get("prompt")
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         prompt = prompt[0]  # a batch: its first prompt
     if isinstance(prompt, str) and prompt:
-        return affinity_key(b"prompt:" + prompt[:_PREFIX_CHARS].encode())
+        return hash(("prompt", prompt[:_PREFIX_CHARS]))
     if isinstance(prompt, list) and prompt:
-        return affinity_key(b"ids:" + repr(prompt[:_PREFIX_IDS]).encode())
+        return hash(("ids", repr(prompt[:_PREFIX_IDS])))
     return None
 
 
