@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections import Counter
@@ -138,9 +139,11 @@ def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
     httpx.post(bad.url + "/sim/faults", json={"error_rate": 1.0})
     try:
         # Until the failing engine is ejected: routing tries it first about half the time,
-        # and three failures in a row (or 30% of 10) take it out.
-        for _ in range(60):
-            r = httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
+        # and three failures in a row (or 30% of 10) take it out. (Prompts of their own: a
+        # prompt sent again goes back where it was answered, prefix affinity's doing.)
+        for i in range(60):
+            r = httpx.post(stack.gateway.url + "/v1/completions",
+                           json=BODY | {"prompt": f"{BODY['prompt']} {i}"},
                            headers={"x-tiergate-tier": "throughput"})  # fmt: skip
             assert r.status_code == 200
             assert r.headers["x-tiergate-backend"] == stack.throughput[1].url
@@ -155,8 +158,11 @@ def test_retry_moves_a_failed_attempt_to_the_next_backend(stack: Stack) -> None:
 
     # Healthy again, it comes back through probation: one request at a time, three successes
     # (the stack's outlier settings), after its ejection has run out.
+    tries = itertools.count()
+
     def back() -> bool:
-        httpx.post(stack.gateway.url + "/v1/completions", json=BODY,
+        httpx.post(stack.gateway.url + "/v1/completions",
+                   json=BODY | {"prompt": f"{BODY['prompt']} again {next(tries)}"},
                    headers={"x-tiergate-tier": "throughput"})  # fmt: skip
         view = _backend_view(stack, bad.url)
         return view["ejected_reason"] is None and not view["probation"]
@@ -221,8 +227,10 @@ def test_client_disconnect_cancels_the_upstream_request(stack: Stack) -> None:
                      finished_reason="abort")  # fmt: skip
 
     before = aborts()
+    # A prompt of its own, so that the policy (not affinity) places it: on the idle latency tier.
     with httpx.stream("POST", stack.gateway.url + "/v1/completions",
-                      json=BODY | {"max_tokens": 3000, "stream": True}) as r:  # fmt: skip
+                      json=BODY | {"prompt": "a stream cut short", "max_tokens": 3000,
+                                   "stream": True}) as r:  # fmt: skip
         next(r.iter_lines())
     assert wait_until(lambda: aborts() > before, "the engine's abort counted", timeout_s=5)
 
