@@ -134,8 +134,8 @@ class PolicyParams(BaseModel):
     affinity_keys: int = Field(
         default=65536,
         ge=1,
-        description="Affinity keys remembered (their last backend), least recently used"
-        " forgotten first: about 150 bytes each.",
+        description="Affinity keys remembered (each with the backend that served it last),"
+        " the least recently used forgotten first.",
     )
     affinity_ttl_s: float = Field(
         default=600.0,
