@@ -16,6 +16,7 @@ goes to its own backend by hashing, the same in every worker).
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +25,8 @@ from gateway.core.exchange import Exchange
 __all__ = ["Homes"]
 
 # An entry: [the URL of the backend that served the key last (None: none yet), when a request
-# holding the key last began or ended, requests holding it in flight]. (A list and a plain
-# dict: a begin and an end run on every keyed request, and a dataclass entry in an OrderedDict
-# cost twice as much.)
+# holding the key last began or ended, requests holding it in flight]. (A list: a begin and an
+# end run on every keyed request, and a dataclass entry cost twice as much to build.)
 _HOME, _SEEN, _BUSY = 0, 1, 2
 
 
@@ -35,9 +35,10 @@ class Homes:
         self, capacity: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.capacity, self.ttl_s, self.clock = capacity, ttl_s, clock
-        # Least recently used first (a dict keeps insertion order; a key used again is
-        # inserted again).
-        self._keys: dict[int, list[Any]] = {}
+        # Least recently used first. (An OrderedDict, not a dict popped and refilled: a dict
+        # leaves a hole at the front for each key moved to its end, and finding its oldest key
+        # then walks the holes: 80 us a request at capacity, against 3 here.)
+        self._keys: OrderedDict[int, list[Any]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -46,7 +47,7 @@ class Homes:
         keys = self._keys
         keys[key] = entry
         if len(keys) > self.capacity:
-            del keys[next(iter(keys))]
+            keys.popitem(last=False)
 
     def begin(self, ex: Exchange) -> None:
         """`ex` is about to be routed: set its home (None when its key is new, stale, or in use
@@ -55,14 +56,15 @@ class Homes:
         if key is None:
             return
         now = self.clock()
-        entry = self._keys.pop(key, None)
+        keys = self._keys
+        entry = keys.get(key)
         if entry is None:
             self._remember(key, [None, now, 1])
             return
+        keys.move_to_end(key)
         busy = entry[_BUSY]
         ex.home = None if busy or now - entry[_SEEN] > self.ttl_s else entry[_HOME]
         entry[_BUSY], entry[_SEEN] = busy + 1, now
-        self._remember(key, entry)
 
     def end(self, ex: Exchange) -> None:
         """`ex` is over: the backend that answered it (if one did) becomes its key's home."""
