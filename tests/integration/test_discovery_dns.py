@@ -89,7 +89,9 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
 
 async def stream_once(session: aiohttp.ClientSession, url: str, tokens: int = 8) -> Done:
     start = time.monotonic()
-    body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True}
+    # A prompt of its own: the policy places it (a prompt sent again would go back where it
+    # was answered, prefix affinity's doing, and never try an engine that just appeared).
+    body = {"model": MODEL, "prompt": f"hello {start!r}", "max_tokens": tokens, "stream": True}
     try:
         async with session.post(url + "/v1/completions", json=body) as r:
             backend = r.headers.get("x-tiergate-backend")
