@@ -131,9 +131,9 @@ class Intake:
                 ex.pinned = Role.THROUGHPUT
         ex.slo = self._slo(ex.headers, tenant.slo)
         if self.keyed:
-            session = ex.headers.get(b"x-session-id")
-            ex.affinity = affinity_of(session, data, ex.endpoint.chat)
-            ex.session = ex.affinity is not None and caller(session, data) is not None
+            who = caller(ex.headers.get(b"x-session-id"), data)
+            ex.session = who is not None
+            ex.affinity = session_key(who) if who else prefix_key(data, ex.endpoint.chat)
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
 
@@ -236,16 +236,26 @@ def caller(session: bytes | None, data: dict[str, Any]) -> tuple[bytes, bytes] |
 
 def affinity_of(session: bytes | None, data: dict[str, Any], chat: bool) -> int | None:
     """The request's prefix-cache affinity key: its `x-session-id` header, else its `user`
-    field, else what its conversation shares with its later turns (a chat's messages up to
-    its first user message: the system prompt and the question that opened it) or a prompt's
-    beginning. None when the request has nothing to key on.
+    field (`session_key`), else what its conversation shares with its later turns or its
+    prompt's beginning (`prefix_key`). None when the request has nothing to key on."""
+    who = caller(session, data)
+    return session_key(who) if who else prefix_key(data, chat)
 
-    A declared session's key is the same in every process (blake2b): it picks its instance by
-    rendezvous hashing, alike in every replica and worker. The others only key this process's
-    memory of where they were served (gateway.pipeline.homes), so Python's own hash, salted per
-    process, does: a tenth of blake2b's cost, on every request."""
-    if (who := caller(session, data)) is not None:
-        return affinity_key(who[0] + b":" + who[1])
+
+def session_key(who: tuple[bytes, bytes]) -> int:
+    """A declared session's key, the same in every process (blake2b): it picks its instance by
+    rendezvous hashing, alike in every replica and worker."""
+    return affinity_key(who[0] + b":" + who[1])
+
+
+def prefix_key(data: dict[str, Any], chat: bool) -> int | None:
+    """What a conversation shares with its later turns (a chat's messages up to its first user
+    message: the system prompt and the question that opened it) or a prompt's beginning; None
+    when there is nothing to key on.
+
+    Such a key only keys this process's memory of where it was served (gateway.pipeline.homes),
+    so Python's own hash, salted per process, does: a tenth of blake2b's cost, on every
+    request."""
     if chat:
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:

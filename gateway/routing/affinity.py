@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.routing.learned import Learned, outlook
+from gateway.routing.learned import NOTHING, Learned, outlook
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
 from gateway.routing.types import Backend, Decision, LoadSnapshot, Reason, RouteRequest
@@ -117,23 +117,16 @@ class Affinity:
         pool = [b for b in ordered if b.tier == tier]
         if len(pool) < 2:
             return decision
+        load, full = snap.load, self.saturation.backend
+        bound = self.bound([load(b.url).effective for b in pool])
         for b in rank(req.affinity, pool, self.urls):
-            if self._takes(b, pool, snap):
+            own = load(b.url)
+            if own.effective + 1 <= bound and not full(b, own):
                 if b is ordered[0]:
                     return decision
                 rest = tuple(x for x in ordered if x is not b)
                 return decision._replace(candidates=(b, *rest))
         return decision
-
-    def _takes(self, b: Backend, candidates: Sequence[Backend], snap: LoadSnapshot) -> bool:
-        """Whether `b` may take one more request for affinity's sake: not saturated, and within
-        the bound of its tier's load (its tier's backends among `candidates`)."""
-        load = snap.load
-        own = load(b.url)
-        if self.saturation.backend(b, own):
-            return False
-        loads = [load(x.url).effective for x in candidates if x.tier == b.tier]
-        return own.effective + 1 <= self.bound(loads)
 
     def _priced(
         self, req: RouteRequest, home: Backend, chosen: Backend, snap: LoadSnapshot
@@ -155,9 +148,9 @@ class Affinity:
         there = outlook(home, load(home.url), at_home, slo, limits)
         if there.full:
             return False
-        # A gain within a hundredth of a stream that just meets the SLO is none, as for the
-        # policy (gateway.routing.learned): the cache hit decides near the knee.
-        nothing = 0.01 / slo.tpot_s
+        # A gain the policy counts as none (gateway.routing.learned): the cache hit decides
+        # near the knee.
+        nothing = NOTHING / slo.tpot_s
         at_chosen = curves.get(chosen.url)
         if at_chosen is None or not at_chosen.frontier:
             # The choice is unknown (the policy tries it): home while it meets the SLO and

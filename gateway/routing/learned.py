@@ -60,12 +60,14 @@ from gateway.routing.types import (
     Slo,
 )
 
-__all__ = ["SHORTLIST", "Learned", "Outlook", "first_stream", "met", "outlook", "shortlist"]
+__all__ = [
+    "NOTHING", "SHORTLIST", "Learned", "Outlook", "first_stream", "met", "outlook", "shortlist",
+]  # fmt: skip
 
 _FLOOR = 1e-6
 # A gain below this share of a stream that just meets its SLO counts as none (so that where
 # nothing is to be gained, speed and load decide, not rounding).
-_NOTHING = 0.01
+NOTHING = 0.01
 
 
 class Outlook(NamedTuple):
@@ -257,7 +259,7 @@ class Learned:
         outlooks = []
         keys = []
         draw, tpot_slo, ttft_slo = rng.random, slo.tpot_s, slo.ttft_s
-        nothing = _NOTHING / tpot_slo
+        nothing = NOTHING / tpot_slo
         for i, b in enumerate(pool):
             o = _outlook(b, load(b.url), preds[i], slo, limits)
             outlooks.append(o)
