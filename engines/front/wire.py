@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, TypeVar
 
+import anyio
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -77,3 +78,12 @@ async def collect(pieces: AsyncIterator[P], request: Request) -> list[P]:
         if not work.done():
             work.cancel()
     return await work
+
+
+async def warm_up() -> None:
+    """What a server's first streamed answer would otherwise pay: Starlette streams in an anyio
+    task group, whose event-loop backend anyio imports on first use (~60 ms, more on a busy
+    machine), enough for a router to take a fresh engine for a slow one. Called from a
+    lifespan, before the engine says it is ready, as a real engine warms up before it serves."""
+    async with anyio.create_task_group():
+        pass

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from engines.front.metrics import EngineMetrics
 from engines.front.schemas import ChatCompletionRequest, CompletionRequest
-from engines.front.wire import ApiError, collect, parse_body, sse, until_disconnect
+from engines.front.wire import ApiError, collect, parse_body, sse, until_disconnect, warm_up
 
 
 class Cancelled(Exception):
@@ -336,6 +336,7 @@ def create_app(cfg: HFConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await warm_up()
         yield
         engine.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engines.front.schemas import ChatCompletionRequest, CompletionRequest
-from engines.front.wire import ApiError, collect, parse_body, sse
+from engines.front.wire import ApiError, collect, parse_body, sse, warm_up
 from engines.sim import tokens
 from engines.sim.engine import AsyncEngine, engine_metrics
 from engines.sim.faults import FaultRequest, Faults
@@ -71,6 +71,7 @@ class Job:
     acceptance: tuple[float, ...] | None = None  # from x-sim-acceptance; None: the engine's
     block_hashes: tuple[int, ...] = ()  # prompt + planned output's, for prefix caching
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied, once scheduled
+    generated: int = 0  # output tokens so far
     priority: int = 0  # vLLM's `priority` (priority scheduling)
 
 
@@ -288,6 +289,7 @@ class Simulator:
             async for n in self.engine.generate(seq, job.received, plan.finish_reason):
                 job.cached_tokens = seq.cached_tokens
                 start, done = done, done + n
+                job.generated = done
                 last = done >= plan.tokens
                 if last and plan.stop_reason:
                     visible = tokens.visible_text(job.seed, plan.tokens, plan.stop_reason)
@@ -306,8 +308,10 @@ class Simulator:
             log.warning("crash_after=%d reached: exiting", crash_after)
             os._exit(3)
 
-    def usage(self, job: Job) -> dict[str, Any]:
-        n = job.plan.tokens
+    def usage(self, job: Job, so_far: bool = False) -> dict[str, Any]:
+        """The request's usage: its whole answer's, or (`so_far`) the tokens generated up to
+        now, as vLLM's `continuous_usage_stats` counts them in each chunk."""
+        n = job.generated if so_far else job.plan.tokens
         out: dict[str, Any] = {"prompt_tokens": job.prompt_tokens, "completion_tokens": n,
                                "total_tokens": job.prompt_tokens + n}  # fmt: skip
         if job.cached_tokens:
@@ -325,15 +329,18 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     opts = body.stream_options
     include_usage = bool(opts and opts.include_usage)
-    continuous = bool(opts and opts.continuous_usage_stats)
+    # As vLLM's should_include_usage: continuous usage only along with the final usage chunk.
+    continuous = include_usage and bool(opts and opts.continuous_usage_stats)
     try:
         if first is not None:
+            if continuous:  # vLLM's chat role chunk: nothing generated yet
+                first = {**first, "usage": sim.usage(job, so_far=True)}
             yield sse(first)
         async for text, last in sim.pieces(job):
             # As in vLLM, the chunk that carries the last text also carries the finish reason.
             payload = chunk(text, job.plan.finish_reason if last else None)
             if continuous:
-                payload["usage"] = sim.usage(job)
+                payload["usage"] = sim.usage(job, so_far=True)
             yield sse(payload)
         if include_usage:
             yield sse({**chunk("", None), "choices": [], "usage": sim.usage(job)})
@@ -465,6 +472,7 @@ def create_app(cfg: SimConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await warm_up()
         async with sim.running():
             yield
 

@@ -47,7 +47,7 @@ from starlette.routing import Route
 
 from engines.front.metrics import EngineMetrics
 from engines.front.schemas import CompletionRequest
-from engines.front.wire import ApiError, collect
+from engines.front.wire import ApiError, collect, warm_up
 from engines.sim import tokens
 from engines.sim.server import HasHeaders, Job, SimConfig, Simulator, merge_faults
 
@@ -592,6 +592,7 @@ def create_apps(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await warm_up()
         async with sim.running():
             if grpc is None:
                 yield

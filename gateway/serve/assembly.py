@@ -15,7 +15,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -23,12 +23,7 @@ from gateway.backends.discovery import Discovery
 from gateway.backends.learner import Learner
 from gateway.backends.monitor import Monitor
 from gateway.backends.registry import Registry
-from gateway.backends.state import (
-    InflightStore,
-    RedisInflightStore,
-    SharedInflightStore,
-    make_store,
-)
+from gateway.backends.state import InflightStore, make_store
 from gateway.config.settings import ConfigError, Settings, kind_problems
 from gateway.core.errors import GatewayError
 from gateway.core.exchange import Exchange
@@ -53,7 +48,7 @@ if TYPE_CHECKING:
 
     from gateway.pipeline.tracing import Tracing
 
-__all__ = ["Core", "Gateway", "Hosting", "core", "open_gateway", "store_kind"]
+__all__ = ["Core", "Gateway", "Hosting", "core", "open_gateway"]
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +216,7 @@ async def open_gateway(
         stack.push_async_callback(gw.shadow.aclose)
         await gw.limits.start()
         stack.push_async_callback(gw.limits.aclose)
-        state = store_kind(store)
+        state = store.kind
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),
             "policy": router.name, "state": state,
@@ -230,7 +225,3 @@ async def open_gateway(
         yield gw
 
 
-def store_kind(store: InflightStore) -> Literal["memory", "shared", "redis"]:
-    if isinstance(store, RedisInflightStore):
-        return "redis"
-    return "shared" if isinstance(store, SharedInflightStore) else "memory"

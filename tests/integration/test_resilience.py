@@ -265,14 +265,21 @@ def test_the_streams_of_a_frozen_engine_are_continued_within_seconds(slow_pool: 
 
 
 def test_a_chat_stream_is_continued_as_one_assistant_message(slow_pool: Stack) -> None:
+    """With continuous usage, as a benchmark client asks for it: every chunk's usage counts the
+    tokens the client has had so far, across the break."""
     victim = slow_pool.throughput[0]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me"}],
             "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
     results = asyncio.run(_streams(slow_pool, 6, victim.kill, body, "/v1/chat/completions"))
     assert any(b == victim.url for b, _, _ in results)
     for _, _, text in results:
         check_whole(text, STREAM_TOKENS, chat=True)
+        sent, counted = 0, []
+        for e in _events(text):
+            sent += sum(bool(c["delta"].get("content")) for c in e["choices"])
+            counted.append((sent, e["usage"]["completion_tokens"]))
+        assert all(a == b for a, b in counted), [x for x in counted if x[0] != x[1]][:3]
 
 
 def test_a_client_can_opt_out_of_continuation(slow_pool: Stack) -> None:

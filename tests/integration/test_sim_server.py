@@ -97,6 +97,43 @@ def test_stream_without_usage_has_no_usage_chunk(v3: SimProcess) -> None:
     assert events[-1] == "[DONE]"
 
 
+@pytest.mark.parametrize("engine", ["v3", "v4"])
+def test_continuous_usage_counts_the_tokens_so_far(
+    engine: str, request: pytest.FixtureRequest
+) -> None:
+    """As vLLM's `continuous_usage_stats`: each chunk's usage counts the tokens generated up to
+    it (a speculative engine's chunk carries several), the last one the whole answer; the final
+    usage chunk follows."""
+    sim: SimProcess = request.getfixturevalue(engine)
+    body = BODY | {"stream": True,
+                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = [json.loads(e) for e in sse_events(httpx.post(sim.url + "/v1/completions",
+                                                           json=body).text)[:-1]]  # fmt: skip
+    *text_chunks, final = chunks
+    so_far = [len(c["choices"][0]["text"].split()) for c in text_chunks]
+    expected = [sum(so_far[: i + 1]) for i in range(len(so_far))]
+    assert [c["usage"]["completion_tokens"] for c in text_chunks] == expected
+    assert expected[-1] == 12
+    assert all(c["usage"]["prompt_tokens"] == 5 for c in text_chunks)
+    assert all(c["usage"]["total_tokens"] == 5 + c["usage"]["completion_tokens"]
+               for c in text_chunks)  # fmt: skip
+    assert final["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    # Without include_usage, as in vLLM, no usage at all.
+    body["stream_options"] = {"include_usage": False, "continuous_usage_stats": True}
+    events = sse_events(httpx.post(sim.url + "/v1/completions", json=body).text)
+    assert all("usage" not in json.loads(e) for e in events[:-1])
+
+
+def test_continuous_usage_in_a_chat_stream_starts_at_zero(v3: SimProcess) -> None:
+    msg = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4,
+           "ignore_eos": True, "stream": True,
+           "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    text = httpx.post(v3.url + "/v1/chat/completions", json=msg).text
+    chunks = [json.loads(e) for e in sse_events(text)[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 4, 4]
+
+
 def test_chat_stream_and_non_stream(v3: SimProcess) -> None:
     msg = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 8,
            "ignore_eos": True}  # fmt: skip

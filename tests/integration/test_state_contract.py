@@ -16,12 +16,11 @@ import redis.asyncio as aioredis
 from gateway.backends.state import (
     InflightStore,
     MemoryInflightStore,
-    RedisInflightStore,
     SharedInflightStore,
     SharedTable,
     make_store,
 )
-from gateway.backends.state.redis import redact_url
+from gateway.backends.state.redis import RedisInflightStore, redact_url
 from tests.conftest import free_port
 
 if TYPE_CHECKING:

@@ -1,17 +1,15 @@
 """In-flight request accounting: in-process, shared by the workers of one host through shared
-memory, or shared between gateway replicas via Redis."""
+memory, or shared between gateway replicas via Redis (`gateway.backends.state.redis`)."""
 
 from __future__ import annotations
 
 from gateway.backends.state.base import InflightStore
 from gateway.backends.state.memory import MemoryInflightStore
-from gateway.backends.state.redis import RedisInflightStore
 from gateway.backends.state.shared import SharedInflightStore, SharedTable
 
 __all__ = [
     "InflightStore",
     "MemoryInflightStore",
-    "RedisInflightStore",
     "SharedInflightStore",
     "SharedTable",
     "make_store",
@@ -24,6 +22,9 @@ def make_store(
     """Redis-backed store when a URL is configured; else worker `shared[1]`'s view of the table
     `shared[0]` when the gateway runs as several workers; else the in-process one."""
     if redis_url:
+        # Imported only then: the redis client takes a quarter of the gateway's start-up.
+        from gateway.backends.state.redis import RedisInflightStore
+
         return RedisInflightStore(redis_url)
     if shared is not None:
         return SharedInflightStore(*shared)

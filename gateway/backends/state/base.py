@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-__all__ = ["InflightStore", "LocalCounts"]
+__all__ = ["InflightStore", "LocalCounts", "StoreKind"]
+
+StoreKind = Literal["memory", "shared", "redis"]
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +21,11 @@ class InflightStore(Protocol):
     network. ``counts`` is served from memory. Backends with nothing in flight may be absent from
     the mappings, so read them with ``.get(backend, 0)``.
     """
+
+    @property
+    def kind(self) -> StoreKind:
+        """What shares the counts: this process, this host's workers, or Redis."""
+        ...
 
     def acquire(self, backend: str) -> None: ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from gateway.backends.state.base import LocalCounts
 
@@ -11,6 +12,8 @@ __all__ = ["MemoryInflightStore"]
 
 class MemoryInflightStore:
     """One process, so the replica's own counts are the whole picture."""
+
+    kind: Final = "memory"
 
     def __init__(self) -> None:
         self._local = LocalCounts()

@@ -16,6 +16,7 @@ import secrets
 import socket
 import time
 from collections.abc import Mapping
+from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
@@ -50,6 +51,8 @@ class RedisInflightStore:
     how long a replica's counts outlive its last sync; ``key_prefix`` separates deployments that
     share one Redis.
     """
+
+    kind: Final = "redis"
 
     def __init__(
         self,

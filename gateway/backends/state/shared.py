@@ -38,6 +38,7 @@ import secrets
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 __all__ = ["SharedInflightStore", "SharedTable"]
 
@@ -86,6 +87,8 @@ class SharedTable:
 
 class SharedInflightStore:
     """The view of worker `worker` (0 ... workers - 1) of a `SharedTable`."""
+
+    kind: Final = "shared"
 
     def __init__(self, table: SharedTable, worker: int) -> None:
         if not 0 <= worker < table.workers:
