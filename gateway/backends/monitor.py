@@ -19,6 +19,7 @@ are apart, so the rules are tested on a virtual clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -128,8 +129,12 @@ class Monitor:
             await ready.aclose()
 
     async def _run(self) -> None:
+        arrived = self.registry.arrived
         while True:
-            await asyncio.sleep(self.cfg.scrape_interval_s)
+            # A round every interval, or at once when discovery adds a backend.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), self.cfg.scrape_interval_s)
+            arrived.clear()
             try:
                 await self.refresh()
             except Exception:  # the monitor must outlive any one bad round

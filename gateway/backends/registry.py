@@ -326,6 +326,9 @@ class Registry:
         self.generation = 0  # counts the changes of membership (joins, leaves, forgets)
         self._derive()
         self.changed = ChangeSignal()
+        # Set when discovery adds a backend: the monitor probes it at once rather than at its
+        # next round, so that it takes requests as soon as it answers.
+        self.arrived = asyncio.Event()
         # The latency model's predictions per url, replaced whole by the learner when it learns.
         self.curves: Mapping[str, Prediction] = MappingProxyType({})
 
@@ -377,6 +380,7 @@ class Registry:
         st.down = st.ejected = True
         st.eject_reason, st.ejected_at = "joining", self.clock()
         self._derive()
+        self.arrived.set()
         log.info("backend joined", extra={"fields": {"backend": cfg.url, "tier": tier}})
         return entry
 
