@@ -145,30 +145,32 @@ class Proxy:
 
     @staticmethod
     async def _serve(gw: Gateway, ex: Exchange) -> None:
-        # One coroutine, not one wrapping another: a stream resumes it at every event, and a
-        # frame more in the chain cost ~350 instructions an event.
-        homes = gw.homes if ex.affinity is not None else None
-        if homes is not None:
-            homes.begin(ex)
+        homes = gw.homes
+        if homes is None or ex.affinity is None:
+            return await Proxy._route(gw, ex)
+        homes.begin(ex)
         try:
-            while True:
-                try:
-                    if ex.trace is None:
-                        decision = await gw.admission.admit(ex)
-                    else:
-                        decision = await ex.trace.admit(gw.admission.admit(ex))
-                except GatewayError as e:
-                    await gw.reject(ex, e)
-                    return
-                if await gw.upstream.forward(ex, decision):
-                    break
-                # Every candidate filled up since the decision (another worker took the last
-                # slot): decide again, and queue if everything is saturated now.
-            gw.telemetry.record(ex)
-            gw.learner.finished(ex)
+            await Proxy._route(gw, ex)
         finally:
-            if homes is not None:
-                homes.end(ex)
+            homes.end(ex)
+
+    @staticmethod
+    async def _route(gw: Gateway, ex: Exchange) -> None:
+        while True:
+            try:
+                if ex.trace is None:
+                    decision = await gw.admission.admit(ex)
+                else:
+                    decision = await ex.trace.admit(gw.admission.admit(ex))
+            except GatewayError as e:
+                await gw.reject(ex, e)
+                return
+            if await gw.upstream.forward(ex, decision):
+                break
+            # Every candidate filled up since the decision (another worker took the last
+            # slot): decide again, and queue if everything is saturated now.
+        gw.telemetry.record(ex)
+        gw.learner.finished(ex)
 
 
 async def _cancel_on_disconnect(
