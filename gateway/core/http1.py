@@ -9,8 +9,14 @@ every read), which was the largest single share of the gateway's CPU per request
 kind of request, so the client does only that. Its errors are aiohttp's exception types, so that
 callers handle both clients' failures alike:
 - `aiohttp.ClientConnectionError`: connect refused or timed out, connection lost or closed;
-- `aiohttp.ClientPayloadError`: a malformed response;
+- `aiohttp.ClientPayloadError`: a malformed response, or response headers past
+  `MAX_HEADER_BYTES`;
 - `aiohttp.ServerTimeoutError` (a `TimeoutError`): nothing read for `read_timeout_s`.
+
+A body ends where its Content-Length or its last chunk says, or, with neither (HTTP/1.0, or
+`Connection: close` and no length), where the engine closes the connection (RFC 9112 section 6.3).
+Interim answers (1xx) are skipped. An event stream's lines reach the reader in one form (see
+gateway.core.sse).
 
 A request that fails on a reused idle connection before any byte of the answer (the engine closed
 it as it was being reused) is sent once more on a new connection: nothing reached the engine's
@@ -30,7 +36,13 @@ import aiohttp
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["Http1Pool", "Http1Response"]
+from gateway.core.sse import EventLines
+
+__all__ = ["MAX_HEADER_BYTES", "Http1Pool", "Http1Response"]
+
+# An engine's response headers, all of them, at most (names and values): aiohttp's client allows
+# 8190 bytes a field; an engine's answer carries a few hundred bytes of them.
+MAX_HEADER_BYTES = 64 * 1024
 
 _HIGH_WATER = 1 << 16  # buffered body bytes past which reading from the engine pauses
 _CLOSED = "Connection closed"
@@ -41,7 +53,7 @@ class Http1Response:
     (also reachable as `.content`, as with aiohttp). `release` when done (the connection goes
     back to the pool if the body was read whole), `close` to drop it (a pending read fails)."""
 
-    __slots__ = ("_buf", "_conn", "_done", "_error", "_waiter", "headers", "status")
+    __slots__ = ("_buf", "_conn", "_done", "_error", "_lines", "_waiter", "headers", "status")
 
     def __init__(self, conn: _Conn) -> None:
         self._conn = conn
@@ -51,6 +63,7 @@ class Http1Response:
         self._done = False  # the whole body is in
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._lines: EventLines | None = None  # an event stream's rewriter
 
     @property
     def content(self) -> Http1Response:
@@ -59,16 +72,21 @@ class Http1Response:
     async def readany(self) -> bytes:
         """What has arrived since the last read, waiting for something if nothing has; b"" at
         the body's end."""
-        if not self._buf:
+        lines = self._lines
+        while not self._buf:
             if self._error is not None:
                 raise self._error
             if self._done:
-                return b""
+                return lines.flush() if lines is not None else b""
             await self._wait()
         buf = self._buf
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
         self._conn.drained()
+        if lines is not None:
+            data = lines.feed(data)
+            if not data:  # all of it held back (a piece of a line): read on
+                return await self.readany()
         return data
 
     async def read(self) -> bytes:
@@ -134,6 +152,8 @@ class _Conn(asyncio.Protocol):
         self.resp: Http1Response | None = None
         self.headers_in: asyncio.Future[None] | None = None
         self.raw_headers: list[tuple[str, str]] = []
+        self.header_bytes = 0
+        self.until_close = False  # the body ends where the connection does
         self.keep_alive = False
         self.complete = False
         self.received = False  # any byte of the current answer arrived
@@ -150,16 +170,28 @@ class _Conn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._lose(aiohttp.ClientPayloadError(f"malformed response: {e}"))
+            if self.header_bytes > MAX_HEADER_BYTES:
+                error = f"response headers larger than {MAX_HEADER_BYTES} bytes"
+            else:
+                error = f"malformed response: {e}"
+            self._lose(aiohttp.ClientPayloadError(error))
             self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if not self.complete:
+        resp = self.resp
+        if self.until_close and resp is not None and not self.complete and exc is None:
+            # A body delimited by the connection's close: whole now.
+            self.complete = resp._done = True
+            resp._wake()
+        elif not self.complete:
             self._lose(aiohttp.ServerDisconnectedError())
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            raise ValueError("response headers too large")  # the parser stops: see data_received
         self.raw_headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
@@ -169,10 +201,16 @@ class _Conn(asyncio.Protocol):
             return
         resp.status = self.parser.get_status_code()
         if resp.status < 200:  # an interim answer (100 Continue): the real one follows
-            self.raw_headers = []
+            self.raw_headers, self.header_bytes = [], 0
             return
-        resp.headers = CIMultiDictProxy(CIMultiDict(self.raw_headers))
+        headers = resp.headers = CIMultiDictProxy(CIMultiDict(self.raw_headers))
         self.keep_alive = self.parser.should_keep_alive()
+        if "content-length" not in headers and "chunked" not in headers.get(
+            "transfer-encoding", ""
+        ).lower() and resp.status not in (204, 304):  # fmt: skip
+            self.until_close = True
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            resp._lines = EventLines()
         if self.headers_in is not None and not self.headers_in.done():
             self.headers_in.set_result(None)
 
@@ -199,6 +237,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         resp = self.resp = Http1Response(self)
         self.raw_headers, self.keep_alive, self.complete, self.received = [], False, False, False
+        self.header_bytes, self.until_close = 0, False
         self.headers_in = self.loop.create_future()
         self.transport.write(request)
         timer = self.loop.call_later(self.pool.read_timeout_s, _time_out, self.headers_in)

@@ -27,7 +27,8 @@ __all__ = ["Displaced", "Full", "Gone", "RetryBudget", "RetryExecutor", "RetryHo
 
 
 class Retryable(Exception):
-    """An attempt failed before any byte reached the client. `reason` is a metric label; an
+    """An attempt failed before any byte reached the client. `reason` is a metric label,
+    `detail` what went wrong in words (for the client's 502, should it be the last); an
     engine's refusal keeps its status, body and Retry-After for the client, should it be the
     last."""
 
@@ -37,9 +38,12 @@ class Retryable(Exception):
         status: int | None = None,
         body: bytes = b"",
         headers: list[tuple[bytes, bytes]] | None = None,
+        *,
+        detail: str = "",
     ) -> None:
         super().__init__(reason)
         self.reason, self.status, self.body, self.headers = reason, status, body, headers or []
+        self.detail = detail
 
 
 class Full(Retryable):

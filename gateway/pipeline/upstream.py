@@ -263,7 +263,7 @@ class Upstream:
             if resp is not None:
                 resp.release()
             self.registry.request_failed(entry, "connect")
-            raise Retryable(type(e).__name__) from e
+            raise Retryable(type(e).__name__, detail=str(e)) from e
         except Retryable:
             if resp is not None:
                 resp.release()
@@ -542,7 +542,8 @@ class Upstream:
             headers += [(b"content-type", b"application/json"), *last.headers]
         else:
             ex.status = 502
+            why = f"{last.reason}: {last.detail}" if last.detail else last.reason
             body = error_json(502, f"no backend answered after {ex.attempts} attempt(s) "
-                                   f"(last failure: {last.reason})")  # fmt: skip
+                                   f"(last failure: {why})")  # fmt: skip
             headers.append((b"content-type", b"application/json"))
         await ex.answer(ex.status, headers, body)

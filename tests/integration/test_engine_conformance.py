@@ -1,0 +1,307 @@
+"""Engines that speak valid but less common HTTP/1.1 and SSE, and engines that break the rules,
+behind one real gateway: a raw-socket engine per case (its own tier and model), a plain HTTP
+client in front. Every valid case answers 200 with the engine's content exactly (text,
+usage, [DONE]); every broken case a clean OpenAI-style 502 or 504 within its timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import yaml
+
+from loadtests.harness.procs import GatewayProcess
+
+Writer = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+TEXT = ["Hello", " wor", "ld", " \u00e9t\u00e9", "!"]  # the last but one: two bytes a letter
+USAGE = {"prompt_tokens": 3, "completion_tokens": len(TEXT), "total_tokens": 3 + len(TEXT)}
+ANSWER = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+          "choices": [{"index": 0, "text": "".join(TEXT), "logprobs": None,
+                       "finish_reason": "length"}], "usage": USAGE}  # fmt: skip
+FIRST_BYTE_TIMEOUT_S = 1.5
+
+
+def _events(sep: bytes = b"\n", colon: bytes = b"data: ") -> list[bytes]:
+    """The stream as vLLM sends it, each line ended by `sep`, `colon` before each payload."""
+    out = []
+    for i, piece in enumerate(TEXT):
+        last = i == len(TEXT) - 1
+        chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "text": piece, "logprobs": None,
+                              "finish_reason": "length" if last else None}]}  # fmt: skip
+        out.append(colon + json.dumps(chunk).encode() + sep + sep)
+    usage = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+             "choices": [], "usage": USAGE}  # fmt: skip
+    out.append(colon + json.dumps(usage).encode() + sep + sep)
+    out.append(colon + b"[DONE]" + sep + sep)
+    return out
+
+
+def _head(status: bytes, *headers: bytes, version: bytes = b"HTTP/1.1") -> bytes:
+    return version + b" " + status + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n"
+
+
+SSE = b"content-type: text/event-stream"
+JSON = b"content-type: application/json"
+
+
+async def _chunked(w: asyncio.StreamWriter, parts: list[bytes], ext: bytes = b"") -> None:
+    w.write(_head(b"200 OK", SSE, b"transfer-encoding: chunked"))
+    for p in parts:
+        w.write(b"%x%s\r\n%s\r\n" % (len(p), ext, p))
+        await w.drain()
+    w.write(b"0\r\nx-trailer: yes\r\n\r\n")
+
+
+def _json_until_close(version: bytes) -> Writer:
+    async def write(w: asyncio.StreamWriter) -> None:
+        w.write(_head(b"200 OK", JSON, b"connection: close", version=version))
+        body = json.dumps(ANSWER).encode()
+        w.write(body[:40])
+        await w.drain()
+        w.write(body[40:])
+        w.close()
+
+    return write
+
+
+async def _json_http10_with_length(w: asyncio.StreamWriter) -> None:
+    body = json.dumps(ANSWER).encode()
+    w.write(_head(b"200 OK", JSON, b"content-length: %d" % len(body), version=b"HTTP/1.0") + body)
+    w.close()
+
+
+async def _interim_then_json(w: asyncio.StreamWriter) -> None:
+    body = json.dumps(ANSWER).encode()
+    w.write(_head(b"100 Continue") + _head(b"103 Early Hints", b"link: </x>; rel=preload"))
+    await w.drain()
+    w.write(_head(b"200 OK", JSON, b"content-length: %d" % len(body)) + body)
+
+
+def _stream(sep: bytes, colon: bytes = b"data: ", byte_by_byte: bool = False) -> Writer:
+    async def write(w: asyncio.StreamWriter) -> None:
+        data = b"".join(_events(sep, colon))
+        parts = [data[i : i + 1] for i in range(len(data))] if byte_by_byte else _events(sep, colon)
+        await _chunked(w, parts)
+
+    return write
+
+
+async def _stream_with_comments(w: asyncio.StreamWriter) -> None:
+    events = _events()
+    await _chunked(w, [b": ping\n\n", events[0], b": ping\n\n", *events[1:]])
+
+
+async def _stream_chunk_extensions(w: asyncio.StreamWriter) -> None:
+    await _chunked(w, _events(), ext=b";name=value")
+
+
+async def _stream_until_close(w: asyncio.StreamWriter) -> None:
+    w.write(_head(b"200 OK", SSE, b"connection: close"))
+    for e in _events():
+        w.write(e)
+        await w.drain()
+    w.close()
+
+
+async def _garbage(w: asyncio.StreamWriter) -> None:
+    w.write(b"HELLO THERE\r\n\r\n")
+
+
+async def _huge_headers(w: asyncio.StreamWriter) -> None:
+    w.write(b"HTTP/1.1 200 OK\r\n")
+    for i in range(200):
+        w.write(b"x-filler-%d: %s\r\n" % (i, b"a" * 1000))
+    w.write(JSON + b"\r\ncontent-length: 2\r\n\r\n{}")
+
+
+async def _early_close(w: asyncio.StreamWriter) -> None:
+    w.close()
+
+
+async def _short_body(w: asyncio.StreamWriter) -> None:
+    w.write(_head(b"200 OK", JSON, b"content-length: 500") + b'{"id": "cmpl-1"')
+    await w.drain()
+    w.close()
+
+
+async def _silent(w: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(3600)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    write: Writer
+    stream: bool
+    valid: bool
+
+
+CASES = [
+    Case("json-http11-until-close", _json_until_close(b"HTTP/1.1"), False, True),
+    Case("json-http10-until-close", _json_until_close(b"HTTP/1.0"), False, True),
+    Case("json-http10-length", _json_http10_with_length, False, True),
+    Case("json-after-1xx", _interim_then_json, False, True),
+    Case("sse-lf", _stream(b"\n"), True, True),
+    Case("sse-crlf", _stream(b"\r\n"), True, True),
+    Case("sse-cr", _stream(b"\r"), True, True),
+    Case("sse-no-space", _stream(b"\n", b"data:"), True, True),
+    Case("sse-crlf-byte-by-byte", _stream(b"\r\n", b"data:", byte_by_byte=True), True, True),
+    Case("sse-comments", _stream_with_comments, True, True),
+    Case("sse-chunk-extensions-trailers", _stream_chunk_extensions, True, True),
+    Case("sse-until-close", _stream_until_close, True, True),
+    Case("garbage", _garbage, False, False),
+    Case("huge-headers", _huge_headers, False, False),
+    Case("early-close", _early_close, False, False),
+    Case("short-body", _short_body, False, False),
+    Case("silent", _silent, False, False),
+    Case("silent-stream", _silent, True, False),
+]
+
+
+class Engines:
+    """One raw-socket engine per case, on an event loop of its own: GET /health and /metrics
+    answer plainly; a POST gets the case's answer."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.ports: dict[str, int] = {}
+        self._servers: list[asyncio.Server] = []
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def start(self, cases: list[Case]) -> None:
+        self._thread.start()
+        for case in cases:
+            server = asyncio.run_coroutine_threadsafe(self._serve(case), self.loop).result(10)
+            self._servers.append(server)
+            self.ports[case.name] = server.sockets[0].getsockname()[1]
+
+    async def _serve(self, case: Case) -> asyncio.Server:
+        async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    head = await r.readuntil(b"\r\n\r\n")
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            length = int(line.split(b":")[1])
+                    await r.readexactly(length)
+                    if head.startswith(b"GET "):
+                        body = b"" if b"/metrics" in head.split(b"\r\n")[0] else b"OK"
+                        w.write(_head(b"200 OK", b"content-length: %d" % len(body)) + body)
+                        await w.drain()
+                        continue
+                    await case.write(w)
+                    await w.drain()
+                    if w.is_closing():
+                        return
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                w.close()
+
+        return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+    async def _close(self) -> None:
+        for server in self._servers:
+            server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("conformance")
+    engines = Engines()
+    engines.start(CASES)
+    tiers = [{"name": c.name, "role": "throughput", "backends": [{
+        "url": f"http://127.0.0.1:{engines.ports[c.name]}", "models": [c.name]}]}
+        for c in CASES]  # fmt: skip
+    config = {"tiers": tiers, "retry": {"first_byte_timeout_s": FIRST_BYTE_TIMEOUT_S},
+              "request_timeout_s": FIRST_BYTE_TIMEOUT_S * 2, "hedge": {"enabled": False},
+              "monitor": {"scrape_interval_s": 5, "probe_interval_s": 0.5}}  # fmt: skip
+    path = tmp / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    gw = GatewayProcess(config=path, log=tmp / "gateway.log")
+    try:
+        gw.start()
+        yield gw.url
+    finally:
+        gw.stop()
+        engines.stop()
+
+
+def _sse_text(body: str) -> tuple[str, list[dict[str, object]], bool]:
+    """(the text, the usage objects, whether it ended with [DONE]) of a relayed stream."""
+    text, usages, done = "", [], False
+    for event in body.split("\n\n"):
+        if not event.startswith("data: "):
+            continue
+        payload = event[6:]
+        if payload == "[DONE]":
+            done = True
+            continue
+        chunk = json.loads(payload)
+        assert "error" not in chunk, chunk
+        text += "".join(c["text"] for c in chunk["choices"])
+        if chunk.get("usage"):
+            usages.append(chunk["usage"])
+    return text, usages, done
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.valid], ids=lambda c: c.name)
+def test_a_valid_answer_reaches_the_client_exactly(gateway: str, case: Case) -> None:
+    body = {"model": case.name, "prompt": "hi", "max_tokens": 5, "stream": case.stream}
+    r = httpx.post(gateway + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    if not case.stream:
+        assert r.json() == ANSWER
+        return
+    text, usages, done = _sse_text(r.text)
+    assert (text, usages, done) == ("".join(TEXT), [USAGE], True)
+    # Re-emitted in the form every client reads: LF line ends, `data: ` with its space.
+    assert "\r" not in r.text
+    assert r.text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.valid], ids=lambda c: c.name)
+def test_a_broken_answer_is_a_clean_gateway_error(gateway: str, case: Case) -> None:
+    body = {"model": case.name, "prompt": "hi", "max_tokens": 5, "stream": case.stream}
+    began = time.monotonic()
+    r = httpx.post(gateway + "/v1/completions", json=body, timeout=30)
+    took = time.monotonic() - began
+    assert r.status_code in (502, 504), r.text
+    error = r.json()["error"]
+    assert error["code"] == r.status_code
+    assert error["message"]
+    assert "Traceback" not in error["message"]
+    # Within the request's own timeout (retries included), never a hang.
+    assert took < FIRST_BYTE_TIMEOUT_S * 2 + 5, took
+    if case.name == "huge-headers":
+        assert "response headers larger than" in error["message"]
+
+
+def test_the_broken_engines_left_no_connection_stuck(gateway: str) -> None:
+    """After the broken cases the gateway still serves the valid ones at once."""
+    with contextlib.closing(httpx.Client(timeout=10)) as c:
+        r = c.post(gateway + "/v1/completions",
+                   json={"model": "sse-crlf", "prompt": "hi", "max_tokens": 5, "stream": True})
+    assert r.status_code == 200
+    assert _sse_text(r.text)[0] == "".join(TEXT)
+

@@ -1,0 +1,64 @@
+"""gateway.core.sse.EventLines: every form of line end and `data:` the SSE specification allows,
+split anywhere across reads, comes out as LF-ended lines with `data: `."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.sse import EventLines
+
+CANONICAL = b'data: {"a":1}\n\n: comment\n\ndata: {"b":"x\\r"}\ndata: 2\n\ndata: [DONE]\n\n'
+FORMS = {
+    "lf": CANONICAL,
+    "crlf": CANONICAL.replace(b"\n", b"\r\n"),
+    "cr": CANONICAL.replace(b"\n", b"\r"),
+    "no space": CANONICAL.replace(b"data: ", b"data:"),
+    "crlf, no space": CANONICAL.replace(b"\n", b"\r\n").replace(b"data: ", b"data:"),
+    "mixed": b'data:{"a":1}\r\n\n: comment\r\rdata: {"b":"x\\r"}\ndata:2\r\n\r\ndata:[DONE]\r\r',
+}
+
+
+def _through(parts: list[bytes]) -> bytes:
+    lines = EventLines()
+    return b"".join(lines.feed(p) for p in parts) + lines.flush()
+
+
+@pytest.mark.parametrize("form", FORMS, ids=list(FORMS))
+def test_a_form_in_one_read(form: str) -> None:
+    assert _through([FORMS[form]]) == CANONICAL
+
+
+@pytest.mark.parametrize("form", FORMS, ids=list(FORMS))
+def test_a_form_split_at_every_point(form: str) -> None:
+    data = FORMS[form]
+    for i in range(len(data) + 1):
+        assert _through([data[:i], data[i:]]) == CANONICAL, (form, i, data[:i])
+
+
+@pytest.mark.parametrize("form", FORMS, ids=list(FORMS))
+def test_a_form_byte_by_byte(form: str) -> None:
+    data = FORMS[form]
+    assert _through([data[i : i + 1] for i in range(len(data))]) == CANONICAL
+
+
+@pytest.mark.parametrize(
+    ("reads", "out"),
+    [
+        ([b"data: x\n\n"], [b"data: x\n\n"]),  # canonical: as it came
+        ([b"data: x\r", b"\n\r\n"], [b"data: x\n", b"\n"]),  # the LF of a split CRLF dropped
+        ([b"data: x\n\nda", b"ta:y\n\n"], [b"data: x\n\n", b"data: y\n\n"]),  # held, then fixed
+        ([b"data:", b" y\n\n"], [b"", b"data: y\n\n"]),  # one space, not two
+        ([b"data:", b"  y\n\n"], [b"", b"data:  y\n\n"]),  # a value's own leading space kept
+        ([b'data: {"t":"metadata:"}\n\n'], [b'data: {"t":"metadata:"}\n\n']),  # not at a start
+    ],
+)
+def test_reads_and_what_each_gives(reads: list[bytes], out: list[bytes]) -> None:
+    lines = EventLines()
+    assert [lines.feed(r) for r in reads] == out
+    assert lines.flush() == b""
+
+
+def test_what_is_held_at_the_end_comes_out_on_flush() -> None:
+    lines = EventLines()
+    assert lines.feed(b"data: x\n\nda") == b"data: x\n\n"
+    assert lines.flush() == b"da"
