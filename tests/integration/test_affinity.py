@@ -16,6 +16,9 @@ import pytest
 
 from tests.integration.stack import MODEL, Stack, start_stack
 
+# Bounds on time and placement: run after the parallel tests, alone (scripts/test).
+pytestmark = pytest.mark.serial
+
 POOL = 3
 BALANCE = 0.25
 SLACK = 2

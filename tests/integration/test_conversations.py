@@ -17,6 +17,9 @@ import pytest
 
 from tests.integration.stack import MODEL, Stack, start_stack
 
+# Bounds on time and placement: run after the parallel tests, alone (scripts/test).
+pytestmark = pytest.mark.serial
+
 SYSTEM = " ".join(f"rule-{i} of the assistant" for i in range(80))  # ~320 words
 TURNS = 3
 SHARE = 0.95  # of later turns on the first turn's instance

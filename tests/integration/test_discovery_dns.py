@@ -26,7 +26,11 @@ from loadtests.harness.procs import GatewayProcess, SimProcess, free_port, start
 from loadtests.harness.stack import MODEL
 from tests.integration.stack import wait_until_async
 
-pytestmark = pytest.mark.skipif(dnsmasq_binary() is None, reason="dnsmasq is not installed")
+# Bounds on time: run after the parallel tests, alone (scripts/test).
+pytestmark = [
+    pytest.mark.serial,
+    pytest.mark.skipif(dnsmasq_binary() is None, reason="dnsmasq is not installed"),
+]
 
 NAME = "pool.tiergate.test"
 ADDRESSES = [f"127.0.0.{i}" for i in range(2, 8)]

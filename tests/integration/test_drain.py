@@ -21,6 +21,9 @@ import pytest
 from loadtests.harness.procs import GatewayProcess
 from tests.integration.stack import MODEL, Stack, add_gateway, start_stack
 
+# Bounds on time and placement: run after the parallel tests, alone (scripts/test).
+pytestmark = pytest.mark.serial
+
 STREAMS = 20
 
 

@@ -14,6 +14,9 @@ import pytest
 from tests.integration.stack import MODEL, Stack, start_stack, wait_until
 from tests.integration.test_gateway import families, total
 
+# Bounds on time and placement: run after the parallel tests, alone (scripts/test).
+pytestmark = pytest.mark.serial
+
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 96,
                         "ignore_eos": True, "stream": True,
                         "stream_options": {"include_usage": True}}  # fmt: skip

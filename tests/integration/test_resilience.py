@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtests.harness.procs import SimProcess
 from tests.integration.stack import MODEL, Stack, add_gateway, start_stack, wait_until_async
 
+# Bounds on time and placement: run after the parallel tests, alone (scripts/test).
+pytestmark = pytest.mark.serial
+
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 8,
                         "ignore_eos": True}  # fmt: skip
 # Short ejections, so a test sees a backend go out, come back on probation, and go out again.

@@ -22,6 +22,9 @@ import yaml
 from loadtests.harness.procs import GatewayProcess, ManagedProcess, SimProcess, start_all
 from tests.integration.stack import wait_until, wait_until_async
 
+# Bounds on time and placement: run after the parallel tests, alone (scripts/test).
+pytestmark = pytest.mark.serial
+
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 NAME = "llama31-8b-awq"  # the model's name in Triton's repository
 BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 16,
