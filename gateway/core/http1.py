@@ -85,7 +85,9 @@ class Http1Response:
         self._conn.drained()
         if lines is not None:
             data = lines.feed(data)
-            if not data:  # all of it held back (a piece of a line): read on
+            if lines.plain:  # the engine writes the canonical form: nothing more to rewrite
+                self._lines = None
+            elif not data:  # all of it held back (a piece of a line): read on
                 return await self.readany()
         return data
 

@@ -58,6 +58,19 @@ def test_reads_and_what_each_gives(reads: list[bytes], out: list[bytes]) -> None
     assert lines.flush() == b""
 
 
+def test_a_stream_that_starts_canonical_is_passed_through() -> None:
+    """An engine's writer frames a stream's events alike: once its first whole line is in the
+    canonical form, the rest goes through untouched (checking each read cost 7% of a stream's
+    instructions); a stream that starts in another form is rewritten to its end."""
+    plain = EventLines()
+    assert plain.feed(b"data: x\n\n") == b"data: x\n\n"
+    assert plain.feed(b"data:y\r\n\r\n") == b"data:y\r\n\r\n"
+    odd = EventLines()
+    assert odd.feed(b"data:x\n\n") == b"data: x\n\n"
+    assert odd.feed(b"data: y\n\n") == b"data: y\n\n"
+    assert odd.feed(b"data:z\r\n\r\n") == b"data: z\n\n"
+
+
 def test_what_is_held_at_the_end_comes_out_on_flush() -> None:
     lines = EventLines()
     assert lines.feed(b"data: x\n\nda") == b"data: x\n\n"
