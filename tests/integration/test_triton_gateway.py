@@ -52,8 +52,9 @@ def gateway(
         "tiers": [{"name": "pool", "role": "throughput", "backends": backends}],
         "log_level": "info",
         "monitor": {"scrape_interval_s": 0.1, "probe_interval_s": 0.5},
-        # Routing by load alone: these tests watch the load the gateway reads from Triton.
-        "policy": {"name": "golden-range"},
+        # Routing by load alone: these tests watch the load the gateway reads from Triton
+        # (with affinity, a prompt sent again would go back to the engine that answered it).
+        "policy": {"name": "golden-range", "prefix_affinity": False},
     }
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
