@@ -138,6 +138,15 @@ class Http1Response:
 _NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 
+def _until_close(resp: Http1Response) -> bool:
+    """Whether `resp`, its headers in, has a body that ends where the connection does (neither
+    a length nor chunks). Asked only when a connection closes, not on every answer."""
+    headers = resp.headers
+    return (resp.status >= 200 and headers is not _NO_HEADERS
+            and "content-length" not in headers and resp.status not in (204, 304)
+            and "chunked" not in headers.get("transfer-encoding", "").lower())  # fmt: skip
+
+
 def _time_out(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
@@ -155,7 +164,6 @@ class _Conn(asyncio.Protocol):
         self.headers_in: asyncio.Future[None] | None = None
         self.raw_headers: list[tuple[str, str]] = []
         self.header_bytes = 0
-        self.until_close = False  # the body ends where the connection does
         self.keep_alive = False
         self.complete = False
         self.received = False  # any byte of the current answer arrived
@@ -182,7 +190,7 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         resp = self.resp
-        if self.until_close and resp is not None and not self.complete and exc is None:
+        if resp is not None and not self.complete and exc is None and _until_close(resp):
             # A body delimited by the connection's close: whole now.
             self.complete = resp._done = True
             resp._wake()
@@ -207,10 +215,6 @@ class _Conn(asyncio.Protocol):
             return
         headers = resp.headers = CIMultiDictProxy(CIMultiDict(self.raw_headers))
         self.keep_alive = self.parser.should_keep_alive()
-        if "content-length" not in headers and "chunked" not in headers.get(
-            "transfer-encoding", ""
-        ).lower() and resp.status not in (204, 304):  # fmt: skip
-            self.until_close = True
         if headers.get("content-type", "").startswith("text/event-stream"):
             resp._lines = EventLines()
         if self.headers_in is not None and not self.headers_in.done():
@@ -239,7 +243,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         resp = self.resp = Http1Response(self)
         self.raw_headers, self.keep_alive, self.complete, self.received = [], False, False, False
-        self.header_bytes, self.until_close = 0, False
+        self.header_bytes = 0
         self.headers_in = self.loop.create_future()
         self.transport.write(request)
         timer = self.loop.call_later(self.pool.read_timeout_s, _time_out, self.headers_in)
