@@ -201,8 +201,6 @@ def crossover_text(c: Crossing, names: tuple[str, str] = ENGINES) -> str:
     return "not measured: no level has a TPOT from both engines"
 
 
-
-
 def base_url(url: str) -> str:
     """The engine's root: `http://h:8000`, `http://h:8000/` and `http://h:8000/v1` alike."""
     url = url.rstrip("/")
@@ -289,12 +287,18 @@ async def timed_loop(
     on_done: Callable[[Result], None],
 ) -> list[Result]:
     """closed_loop's users for `opts.seconds` instead of a fixed count: each user sends its next
-    request when the last ended, until the time is up and it has finished at least two (the
-    first being warm-up); nothing in flight is cut off."""
+    request when the last ended, until the time is up, it has finished at least two (the first
+    being warm-up), one it sent once every user had started and one that ended after every
+    user's first had; nothing in flight is cut off. The last two conditions make a level measure
+    something however slow the machine or late its last user (see Window): every user's last
+    request ends after the window's start, so the window is not empty, and the user whose last
+    request ends first (the window's end) sent it once all had started, so it is measured."""
     body = _body(opts, engine.model)
     url = engine.url + "/v1/completions"
     results: list[Result] = []
     deadline = time.perf_counter() + opts.seconds
+    first_sent: list[float] = []
+    first_end: list[float] = []
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
@@ -302,11 +306,24 @@ async def timed_loop(
         async def user(u: int) -> None:
             await asyncio.sleep(u * stagger_s / concurrency)
             i = 0
-            while i < 2 or time.perf_counter() < deadline:
+            sent_after_all = ended_after_warm_up = False
+            while (
+                i < 2
+                or not (sent_after_all and ended_after_warm_up)
+                or (time.perf_counter() < deadline)
+            ):
                 i += 1
-                r = await stream_completion(
-                    session, url, body, Result(u, i, time.perf_counter()), engine.headers
-                )
+                all_started = len(first_sent) == concurrency
+                r = Result(u, i, time.perf_counter())
+                if i == 1:
+                    first_sent.append(r.sent)
+                r = await stream_completion(session, url, body, r, engine.headers)
+                end = r.sent + (r.e2e or 0.0)
+                if i == 1:
+                    first_end.append(end)
+                sent_after_all = sent_after_all or all_started
+                warm_up_end = max(first_end) if len(first_end) == concurrency else math.inf
+                ended_after_warm_up = ended_after_warm_up or end > warm_up_end
                 results.append(r)
                 on_done(r)
 
