@@ -4,6 +4,7 @@ benchmarks)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,13 +90,15 @@ def start_stack(
     lat = [latency_profile] * latency if isinstance(latency_profile, str) else latency_profile
     thr = ([throughput_profile] * throughput if isinstance(throughput_profile, str)
            else throughput_profile)  # fmt: skip
+    stack.latency += [SimProcess(profile=p, args=[*args, *latency_args]) for p in lat]
+    stack.throughput += [SimProcess(profile=p, args=[*args, *throughput_args]) for p in thr]
     try:
-        for profile in lat:
-            sim = SimProcess(profile=profile, args=[*args, *latency_args])
-            stack.latency.append(sim.start())
-        for profile in thr:
-            sim = SimProcess(profile=profile, args=[*args, *throughput_args])
-            stack.throughput.append(sim.start())
+        # The engines at once (each start is mostly Python's imports), the gateways after them,
+        # so that a gateway's first probes find every engine up.
+        sims = [*stack.latency, *stack.throughput]
+        if sims:
+            with ThreadPoolExecutor(len(sims)) as pool:
+                list(pool.map(lambda sim: sim.start(), sims))
         for i in range(gateways):
             add_gateway(stack, workdir, f"gateway-{i}", env, **settings)
     except BaseException:
