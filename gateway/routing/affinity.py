@@ -6,7 +6,8 @@ The policy decides first, on load and latency alone; this stage may then put ano
 first:
 - a request whose key was served lately (`req.home`, remembered by the pipeline, which gives no
   home to a key other requests hold right now) goes back to that backend, in whichever tier it
-  is, while it is not saturated and, where the latency model knows it, it is neither full nor
+  is, while it is not saturated, has no queue where the policy's choice is idle, and, where
+  the latency model knows it, it is neither full nor
   predicted to miss the request's SLO where the policy's choice would meet it, nor to lose
   SLO-meeting output (past its knee) where the policy's choice would add some. So a
   conversation that started on the latency tier stays there while that tier is before its knee
@@ -106,7 +107,13 @@ class Affinity:
             home = next((b for b in ordered if b.url == req.home), None)
             if home is None or home is ordered[0] or decision.reason in _KEEP_HOME:
                 return decision
-            if self.saturation.backend(home, snap.load(home.url)):
+            here = snap.load(home.url)
+            if self.saturation.backend(home, here):
+                return decision
+            if here.waiting and not here.stale and not snap.load(ordered[0].url).effective:
+                # Requests queue at the home (the engine's batch is full) while the policy's
+                # choice holds none: a prefill there costs less than a wait for a slot here,
+                # whether or not the latency model knows either.
                 return decision
             if not self._priced(req, home, ordered[0], snap):
                 return decision

@@ -19,7 +19,7 @@ from gateway.pipeline.intake import affinity_of
 from gateway.routing import Decision, PolicyParams, Reason, RouteRequest, RouterState
 from gateway.routing.affinity import Affinity, affinity_key, rank
 from gateway.routing.curves import Curve, Prediction
-from gateway.routing.types import Backend, LoadSnapshot, Slo
+from gateway.routing.types import Backend, BackendLoad, LoadSnapshot, Slo
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, T2, T3, load, snap, urls
 
 AFF = Affinity.of(PolicyParams())
@@ -97,6 +97,28 @@ def test_a_key_served_lately_goes_home(
 def test_the_policy_order_stands(case: str, req: RouteRequest) -> None:
     d = decide((T3, T2, T1, T0, L0))
     assert AFF(req, d, snapshot({})) is d, case
+
+
+@pytest.mark.parametrize(
+    ("case", "home_load", "chosen_load", "goes_home"),
+    [
+        ("a queue at the home, the choice idle: the choice", load(8, 2), load(), False),
+        ("the same, the choice's count ours only", load(8, 2), load(inflight=0), False),
+        ("a queue at the home, the choice busy: home", load(8, 2), load(inflight=1), True),
+        ("a queue at the home, the choice queued too: home", load(8, 2), load(8, 1), True),
+        ("a full batch without a queue: home", load(8, 0), load(), True),
+        ("a queue seen in a stale scrape: home", load(8, 2, stale=True), load(), True),
+    ],
+)
+def test_a_home_with_a_queue_gives_way_to_an_idle_choice(
+    case: str, home_load: BackendLoad, chosen_load: BackendLoad, goes_home: bool
+) -> None:
+    """Where nothing else moves the request (the model knows neither backend, the home is not
+    saturated), a queue at the home still does when the policy's choice is idle."""
+    loads = {b: load() for b in (L0, *POOL)} | {T2: home_load, T0: chosen_load}
+    s = snap(*((b, loads[b]) for b in (L0, *POOL)))
+    d = AFF(RouteRequest(MODEL, affinity=KEY, home=T2.url), decide((T0, T1, T2, T3, L0)), s)
+    assert d.candidates[0] is (T2 if goes_home else T0), case
 
 
 def test_a_saturated_home_is_left() -> None:
