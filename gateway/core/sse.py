@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["EventLines"]
+__all__ = ["EventLines", "event_data"]
 
 _DATA = b"data:"
 _DATA_SPACE = b"data: "
@@ -70,3 +70,28 @@ class EventLines:
         """What is still held at the stream's end."""
         held, self._held = self._held, b""
         return held
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The data of one event (its lines, without the blank line that ends it) as the SSE
+    specification assembles it: the values of its `data` fields joined by LF, a value's one
+    leading space dropped; comments (`:`) and other fields (`id`, `event`, `retry`) ignored. None
+    when it has no `data` field. An engine may send `id:` or `event:` before the data, or a JSON
+    payload over several `data:` lines: the continuation reads each as one event."""
+    if event.startswith(_DATA_SPACE) and b"\n" not in event:  # vLLM's: one `data: ` line
+        return event[6:]
+    parts: list[bytes] | None = None
+    for line in event.split(b"\n"):
+        if line.startswith(_DATA):
+            value = line[5:]
+        elif line == b"data":  # the field with no colon: an empty value
+            value = b""
+        else:
+            continue  # a comment, another field
+        if value[:1] == b" ":
+            value = value[1:]
+        if parts is None:
+            parts = [value]
+        else:
+            parts.append(value)
+    return None if parts is None else b"\n".join(parts)

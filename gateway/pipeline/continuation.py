@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.sse import event_data
 from gateway.wire import StreamRelay
 
 __all__ = ["Progress", "SplicedRelay", "Splicer", "continued_body", "replay", "whole_events"]
@@ -45,10 +46,10 @@ def _events(chunks: Sequence[bytes]) -> list[Any]:
     """The JSON payloads of the complete `data:` events in `chunks` (not [DONE])."""
     out = []
     for event in b"".join(chunks).split(b"\n\n"):
-        line = event.strip()
-        if not line.startswith(b"data:"):
+        data = event_data(event.strip(b"\n"))
+        if data is None:
             continue
-        payload = line[5:].strip()
+        payload = data.strip()
         if payload == _DONE:
             continue
         try:
@@ -158,19 +159,26 @@ class Splicer:
             return b""
         out = []
         for event in events.split(b"\n\n"):
-            line = event.strip()
-            if not line:
+            event = event.strip(b"\n")
+            if not event:
                 continue
-            if not line.startswith(b"data:") or line[5:].strip() == _DONE:
-                out.append(line + b"\n\n")
+            data = event_data(event)
+            if data is None or data.strip() == _DONE:
+                out.append(event + b"\n\n")
                 continue
             try:
-                ev = json.loads(line[5:])
+                ev = json.loads(data)
             except ValueError:
                 continue
             ev = self._rewrite(ev)
             if ev is not None:
-                out.append(b"data: " + json.dumps(ev, separators=(",", ":")).encode() + b"\n\n")
+                # The event's other fields (`id:`, `event:`) as the engine sent them, then its
+                # data rewritten on one line.
+                head = b"".join(
+                    line + b"\n" for line in event.split(b"\n") if not line.startswith(b"data")
+                ) if b"\n" in event else b""  # fmt: skip
+                body = json.dumps(ev, separators=(",", ":")).encode()
+                out.append(head + b"data: " + body + b"\n\n")
         return b"".join(out)
 
     def _rewrite(self, ev: Any) -> Any:

@@ -130,8 +130,51 @@ def test_the_splice_keeps_the_first_streams_id_and_counts_the_whole_answer() -> 
 
 def test_the_splice_drops_a_second_role_delta() -> None:
     s = Splicer(progress(), chat=True)
-    out = s.feed(sse(chat({"role": "assistant", "content": ""}),
-                     chat({"role": "assistant", "content": "more"}), chat({"content": "!"})))
+    out = s.feed(
+        sse(
+            chat({"role": "assistant", "content": ""}),
+            chat({"role": "assistant", "content": "more"}),
+            chat({"content": "!"}),
+        )
+    )
     deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in out.decode().split("\n\n") if e]
     # the role-only event is gone; one with content keeps its content, not its role
     assert deltas == [{"content": "more"}, {"content": "!"}]
+
+
+def other_forms(*events: dict[str, Any] | str) -> bytes:
+    """The same events in forms the SSE specification allows and vLLM does not use: an `id:`
+    and an `event:` field and a comment before the data, and a JSON payload over several
+    `data:` lines (joined by LF, which JSON reads as whitespace), the later ones with no space
+    after the colon."""
+    out = []
+    for i, e in enumerate(events):
+        text = e if isinstance(e, str) else json.dumps(e, indent=1)
+        first, *rest = text.split("\n")
+        data = f"data: {first}" + "".join(f"\ndata:{line}" for line in rest)
+        out.append(f": keep-alive\nid: {i}\nevent: message\n{data}\n\n")
+    return "".join(out).encode()
+
+
+def test_replay_reads_events_with_other_fields_and_data_over_several_lines() -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    chunks = [other_forms(comp(" one"), comp(" two")), other_forms(comp(" three", usage=usage))]
+    same = [sse(comp(" one"), comp(" two"), comp(" three", usage=usage))]
+    p = replay(chunks, chat=False)
+    assert p == replay(same, chat=False)
+    assert (p.text, p.tokens) == (" one two three", 4)
+
+
+def test_the_splice_reads_events_with_other_fields_and_data_over_several_lines() -> None:
+    s = Splicer(progress(tokens=2), chat=False)
+    new = {**comp(" z"), "id": "cmpl-2", "created": 9}
+    stream = other_forms(new, "[DONE]")
+    out = b"".join(s.feed(stream[i : i + 7]) for i in range(0, len(stream), 7))
+    events = [e for e in out.decode().split("\n\n") if e]
+    assert len(events) == 2
+    # Its fields kept, its data rewritten on one line with the first stream's id.
+    head, _, data = events[0].rpartition("\n")
+    assert head == ": keep-alive\nid: 0\nevent: message"
+    first = json.loads(data.removeprefix("data: "))
+    assert (first["id"], first["created"], first["choices"][0]["text"]) == ("c", 1, " z")
+    assert events[1].endswith("data: [DONE]")

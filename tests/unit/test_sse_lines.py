@@ -1,11 +1,13 @@
-"""gateway.core.sse.EventLines: every form of line end and `data:` the SSE specification allows,
-split anywhere across reads, comes out as LF-ended lines with `data: `."""
+"""gateway.core.sse: every form of line end and `data:` the SSE specification allows, split
+anywhere across reads, comes out as LF-ended lines with `data: ` (EventLines); an event's data is
+assembled as the specification says, whatever other fields and comments it has and over however
+many `data` lines (event_data)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.core.sse import EventLines
+from gateway.core.sse import EventLines, event_data
 
 CANONICAL = b'data: {"a":1}\n\n: comment\n\ndata: {"b":"x\\r"}\ndata: 2\n\ndata: [DONE]\n\n'
 FORMS = {
@@ -75,3 +77,25 @@ def test_what_is_held_at_the_end_comes_out_on_flush() -> None:
     lines = EventLines()
     assert lines.feed(b"data: x\n\nda") == b"data: x\n\n"
     assert lines.flush() == b"da"
+
+
+@pytest.mark.parametrize(
+    ("event", "data"),
+    [
+        (b'data: {"a":1}', b'{"a":1}'),  # vLLM's
+        (b'data:{"a":1}', b'{"a":1}'),  # no space
+        (b"data:  two spaces", b" two spaces"),  # only the first space is dropped
+        (b"data: [DONE]", b"[DONE]"),
+        (b'id: 7\nevent: message\ndata: {"a":1}', b'{"a":1}'),  # other fields first
+        (b'data: {"a":1}\nid: 7', b'{"a":1}'),  # ... or after
+        (b": a comment\ndata: x", b"x"),
+        (b'data: {"a":\ndata: 1}', b'{"a":\n1}'),  # several data lines, joined by LF
+        (b"data: a\ndata\ndata: b", b"a\n\nb"),  # a `data` field with no colon: empty
+        (b"data:", b""),
+        (b": only a comment", None),
+        (b"id: 1\nretry: 5", None),
+        (b"datum: x", None),  # another field's name
+    ],
+)
+def test_an_events_data_as_the_specification_assembles_it(event: bytes, data: bytes | None) -> None:
+    assert event_data(event) == data
