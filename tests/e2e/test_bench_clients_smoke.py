@@ -6,6 +6,7 @@ finds no error and the token counts it asked for, in its own count and in the ga
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.harness.procs import free_port, wait_http
+from loadtests.harness.procs import free_port, terminate, wait_http
 from tests.e2e.test_cli import MODEL, _free_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -52,12 +53,10 @@ def up(tmp_path: Path) -> Iterator[str]:
         wait_http(f"http://127.0.0.1:{port}/ready", timeout=60, proc=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: `up` stops its simulators too
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate(proc)
 
 
 def test_aiperf_profiles_streamed_completions_through_the_gateway(up: str, tmp_path: Path) -> None:
