@@ -196,7 +196,7 @@ def test_the_circle_check_sees_a_circle_through_a_type_only_import(tmp_path: Pat
 # transport and wire protocols with the engine kinds, routing), the configuration, observation
 # (metrics, tracing's setup), the backends' state, the request pipeline, the host.
 FLOORS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("contracts", frozenset({"core", "routing", "wire"})),
+    ("contracts", frozenset({"core", "planner", "routing", "wire"})),
     ("config", frozenset({"config"})),
     ("observe", frozenset({"observe"})),
     ("backends", frozenset({"backends"})),
