@@ -92,26 +92,6 @@ def test_a_key_served_lately_goes_home(
 
 
 @pytest.mark.parametrize(
-    ("case", "pool_tpot", "goes_home"),
-    [
-        ("the latency tier twice as fast: moves up", 0.020, False),
-        ("the latency tier 1.5 times as fast: home", 0.015, True),
-        ("the tiers at one speed: home", 0.010, True),
-    ],
-)
-def test_a_pool_home_moves_up_only_to_a_much_faster_latency_tier(
-    case: str, pool_tpot: float, goes_home: bool
-) -> None:
-    """A move re-prefills the conversation's history: it pays where the latency tier decodes at
-    least twice as fast as the home, both meeting the SLO."""
-    pool = Prediction(Curve.of(lambda n: pool_tpot), Curve.of(lambda n: 0.1), frontier=64)
-    s = replace(learned_snapshot({}), curves={L0.url: FAST, **{b.url: pool for b in POOL}})
-    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=T1.url)
-    d = AFF(req, decide((L0, *POOL)), s)
-    assert d.candidates[0] is (T1 if goes_home else L0), case
-
-
-@pytest.mark.parametrize(
     ("case", "req"),
     [
         ("a prompt seen for the first time", RouteRequest(MODEL, affinity=KEY)),
