@@ -45,14 +45,6 @@ _MASK = (1 << 64) - 1
 # Decisions whose first candidate affinity must not move: nothing has room, or the request or
 # the policy chose that backend for a reason of its own.
 _KEEP = frozenset({Reason.SATURATED, Reason.NO_BACKEND, Reason.EXPLORE, Reason.POLICY_ERROR})
-# How much faster per token the latency tier must be for a conversation on the pool to move up to
-# it. A move re-prefills the conversation's history there, and that prefill slows every stream
-# the engine holds for its duration: it pays where the latency tier decodes at least twice as
-# fast (the next answer in half the time or less), not where the tiers decode at about one speed
-# (the H200-like deployments near their knee, where moving every such conversation up made
-# 0.89-0.98x the SLO-met requests of keeping it home under a 4 ms SLO: the results folder
-# routing-sim-chat-move-up-always).
-_MOVE_UP_SPEEDUP = 2.0
 # A home is kept over an exploring decision: exploration may try another backend with a request
 # that has no cache to lose.
 _KEEP_HOME = _KEEP - {Reason.EXPLORE}
@@ -175,16 +167,11 @@ class Affinity:
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return False
-        if (
-            home.role is not chosen.role
-            and chosen.role is Role.LATENCY
-            and other.p >= 0.5
-            and other.gain > there.gain + nothing
-            and _MOVE_UP_SPEEDUP * other.tpot <= there.tpot
-        ):
+        if (home.role is not chosen.role and chosen.role is Role.LATENCY and other.p >= 0.5
+                and other.gain > there.gain + nothing):  # fmt: skip
             # A conversation on the pool moves to the latency tier while that tier is before
-            # its knee (meets the SLO, adds more SLO-meeting output than the home would) and
-            # decodes much faster: one prefill of its history there, then every later token
-            # faster; the mirror of a latency home left past its knee below.
+            # its knee (meets the SLO, adds more SLO-meeting output than the home would): one
+            # prefill of its history on an engine with room, then every later token faster;
+            # the mirror of a latency home left past its knee below.
             return False
         return not (there.gain < -nothing and other.gain > nothing)
