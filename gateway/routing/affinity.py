@@ -6,13 +6,12 @@ The policy decides first, on load and latency alone; this stage may then put ano
 first:
 - a request whose key was served lately (`req.home`, remembered by the pipeline, which gives no
   home to a key other requests hold right now) goes back to that backend, in whichever tier it
-  is, while it is not saturated, has no queue where the policy's choice is idle, and, where the
-  latency model knows it, it is neither full nor predicted to miss the request's SLO where the
-  policy's choice would meet it, nor to lose SLO-meeting output (past its knee) where the
-  policy's choice would add some. So a conversation that started on the latency tier stays
-  there while that tier is before its knee for the request's SLO, and moves when it is past it;
-  one on the pool moves to the latency tier the policy chose while that tier is before its knee
-  (it adds more SLO-meeting output there than at home);
+  is, while it is not saturated, has no queue where the policy's choice is idle, and, where
+  the latency model knows it, it is neither full nor
+  predicted to miss the request's SLO where the policy's choice would meet it, nor to lose
+  SLO-meeting output (past its knee) where the policy's choice would add some. So a
+  conversation that started on the latency tier stays there while that tier is before its knee
+  for the request's SLO, and moves when it is past it;
 - a session the client declared (`x-session-id`, `user`) and seen for the first time goes to its
   own backend of the policy's tier, by consistent hashing with bounded loads: the tier's
   backends ranked by rendezvous hashing of the key (each key has its own fixed order, and adding
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from gateway.routing.learned import NOTHING, Learned, outlook
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
-from gateway.routing.types import Backend, Decision, LoadSnapshot, Reason, Role, RouteRequest
+from gateway.routing.types import Backend, Decision, LoadSnapshot, Reason, RouteRequest
 
 __all__ = ["Affinity", "affinity_key", "rank"]
 
@@ -166,12 +165,5 @@ class Affinity:
             return there.p >= 0.5 and there.gain >= -nothing
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
-            return False
-        if (home.role is not chosen.role and chosen.role is Role.LATENCY and other.p >= 0.5
-                and other.gain > there.gain + nothing):  # fmt: skip
-            # A conversation on the pool moves to the latency tier while that tier is before
-            # its knee (meets the SLO, adds more SLO-meeting output than the home would): one
-            # prefill of its history on an engine with room, then every later token faster;
-            # the mirror of a latency home left past its knee below.
             return False
         return not (there.gain < -nothing and other.gain > nothing)

@@ -1,7 +1,6 @@
 """Prefix-cache affinity (gateway.routing.affinity), by tables of cases: a key served lately goes
-back to its home in either tier while the home is not saturated, has no queue where the choice
-is idle, and is not predicted to miss the SLO (or be past its knee) where the policy's choice
-would not be, nor in the pool where the policy chose the latency tier before its knee; a
+back to its home in either tier while the home is within the load bound, not saturated, and not
+predicted to miss the SLO (or be past its knee) where the policy's choice would not be; a
 declared session seen for the first time goes to its keyed backend of the policy's tier; a
 prompt seen for the first time, unkeyed requests and decisions with a reason of their own keep
 the policy's order; the key comes from the session, the user, the conversation's opening or the
@@ -61,11 +60,7 @@ def learned_snapshot(inflight: dict[Backend, int]) -> LoadSnapshot:
         ("home already first", T0, T0, {}, True, True),
         ("policy tries an unknown backend, home meets its SLO", L0, T0, {L0: 4}, "home", True),
         ("policy tries an unknown backend, home past its knee", L0, T0, {L0: 14}, "home", False),
-        # The latency tier before its knee adds more SLO-meeting output than the pool: a
-        # conversation there moves up; past its knee (14 streams) it stays home.
-        ("home in the pool, the latency tier before its knee: moves", T1, L0, {}, True, False),
-        ("home in the pool, the latency tier past its knee: home", T1, L0, {L0: 14}, True, True),
-        ("home in the pool, another pool backend chosen: home", T1, T0, {}, True, True),
+        ("home in the pool while the latency tier is faster: home", T1, L0, {}, True, True),
         # The latency backend at 14 streams: TPOT 0.031 s, past the 25 ms SLO; the pool meets it.
         ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, True, False),
         # 13 on the pool's home, 0 elsewhere: SLOW's TPOT still meets the SLO there, and one
