@@ -128,9 +128,7 @@ class PolicyParams(BaseModel):
         " requests and a repeated prompt prefix back to the backend that served them last, in"
         " either tier, while it is not saturated, has no queue where the policy's choice is"
         " idle, and the latency model predicts it meets the request's SLO (before its knee)"
-        " where the policy's choice would; a conversation on the pool moves up to the latency"
-        " tier the policy chose while that tier is before its knee and decodes at least twice"
-        " as fast. A prompt seen for"
+        " where the policy's choice would. A prompt seen for"
         " the first time, or one other requests are using at the same moment, is routed by"
         " the policy alone, so prompts that never repeat cost nothing.",
     )
