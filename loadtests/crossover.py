@@ -297,13 +297,14 @@ async def timed_loop(
     url = engine.url + "/v1/completions"
     results: list[Result] = []
     deadline = time.perf_counter() + opts.seconds
-    first_sent: list[float] = []
-    first_end: list[float] = []
+    started = 0  # users that have sent their first request
+    first_end: list[float] = []  # when each user's first request ended
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
 
         async def user(u: int) -> None:
+            nonlocal started
             await asyncio.sleep(u * stagger_s / concurrency)
             i = 0
             sent_after_all = ended_after_warm_up = False
@@ -313,10 +314,10 @@ async def timed_loop(
                 or (time.perf_counter() < deadline)
             ):
                 i += 1
-                all_started = len(first_sent) == concurrency
+                all_started = started == concurrency
                 r = Result(u, i, time.perf_counter())
                 if i == 1:
-                    first_sent.append(r.sent)
+                    started += 1
                 r = await stream_completion(session, url, body, r, engine.headers)
                 end = r.sent + (r.e2e or 0.0)
                 if i == 1:

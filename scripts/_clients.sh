@@ -12,6 +12,6 @@ if [ -x .venv-clients/bin/aiperf ] && [ "$(cat .venv-clients/.requirements 2>/de
     exit 0
 fi
 rm -rf .venv-clients
-.venv/bin/uv venv -q --python "$(.venv/bin/python -c 'import sys; print(sys.executable)')" .venv-clients
+.venv/bin/uv venv -q --python .venv/bin/python .venv-clients
 VIRTUAL_ENV="$root/.venv-clients" .venv/bin/uv pip install -q -r "$req"
 echo "$want" > .venv-clients/.requirements

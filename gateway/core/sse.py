@@ -80,18 +80,12 @@ def event_data(event: bytes) -> bytes | None:
     payload over several `data:` lines: the continuation reads each as one event."""
     if event.startswith(_DATA_SPACE) and b"\n" not in event:  # vLLM's: one `data: ` line
         return event[6:]
-    parts: list[bytes] | None = None
+    parts = []
     for line in event.split(b"\n"):
         if line.startswith(_DATA):
             value = line[5:]
+            parts.append(value[1:] if value[:1] == b" " else value)
         elif line == b"data":  # the field with no colon: an empty value
-            value = b""
-        else:
-            continue  # a comment, another field
-        if value[:1] == b" ":
-            value = value[1:]
-        if parts is None:
-            parts = [value]
-        else:
-            parts.append(value)
-    return None if parts is None else b"\n".join(parts)
+            parts.append(b"")
+        # anything else: a comment or another field
+    return b"\n".join(parts) if parts else None

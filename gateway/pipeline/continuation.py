@@ -174,11 +174,10 @@ class Splicer:
             if ev is not None:
                 # The event's other fields (`id:`, `event:`) as the engine sent them, then its
                 # data rewritten on one line.
-                head = b"".join(
-                    line + b"\n" for line in event.split(b"\n") if not line.startswith(b"data")
-                ) if b"\n" in event else b""  # fmt: skip
-                body = json.dumps(ev, separators=(",", ":")).encode()
-                out.append(head + b"data: " + body + b"\n\n")
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data"):
+                        out.append(line + b"\n")
+                out.append(b"data: " + json.dumps(ev, separators=(",", ":")).encode() + b"\n\n")
         return b"".join(out)
 
     def _rewrite(self, ev: Any) -> Any:

@@ -104,29 +104,23 @@ def plan(tiers: Sequence[TierSupply], classes: Sequence[ClassDemand], params: Pl
     best: tuple[tuple[float, int, tuple[int, ...]], list[float], int] | None = None
     for counts in itertools.product(*(range(t.minimum, t.maximum + 1) for t in first)):
         loads, rest = _fill(counts, caps[:-1], caps[-1], want)
-        need = 0.0
-        for name, left in rest.items():
-            if left > _EPS:
-                if caps[-1][name] <= 0:
-                    need = math.inf
-                    break
-                need += left / caps[-1][name]
-        n_last = max(last.minimum, math.ceil(need - _EPS)) if need < math.inf else None
-        if n_last is None or n_last > last.maximum:
+        need, unserved = _left_for_last(rest, caps[-1])
+        n_last = max(last.minimum, math.ceil(need - _EPS))
+        if unserved or n_last > last.maximum:
             continue
         cost = sum(n * t.cost for n, t in zip(counts, first, strict=True)) + n_last * last.cost
         key = (cost, sum(counts) + n_last, counts)
         if best is None or key < best[0]:
             best = (key, [*loads, need], n_last)
     if best is None:
-        # Not even every tier at its maximum serves it all: plan the maximum, say what is short.
+        # Not even every tier at its maximum serves it all: plan the maximum, say what is short:
+        # a class the last tier does not serve, or, past its maximum, every class left to it
+        # (each gets a share of too few replicas).
         counts = tuple(t.maximum for t in first)
         loads, rest = _fill(counts, caps[:-1], caps[-1], want)
-        need = sum(left / caps[-1][n] for n, left in rest.items() if caps[-1][n] > 0)
-        # What the last tier cannot take: a class it does not serve, or, past its maximum,
-        # every class left to it (each gets a share of too few replicas).
-        short = {n for n, left in rest.items()
-                 if left > _EPS and (caps[-1][n] <= 0 or need > last.maximum + _EPS)}  # fmt: skip
+        need, short = _left_for_last(rest, caps[-1])
+        if need > last.maximum + _EPS:
+            short |= {n for n, left in rest.items() if left > _EPS}
         unmet = tuple(sorted({*unmet, *short}))
         best = ((0.0, 0, counts), [*loads, need], last.maximum)
     (_, _, counts), loads, n_last = best
@@ -143,6 +137,18 @@ def _capacities(
     preds = tier.curves or ((tier.prior,) if tier.prior is not None else ())
     return {c.name: tier_capacity(preds, c.slo, c.output_tokens, params.attainment,
                                   tier.max_streams) for c in classes}  # fmt: skip
+
+
+def _left_for_last(rest: Mapping[str, float], cap: Mapping[str, float]) -> tuple[float, set[str]]:
+    """Replicas' worth of the demand `rest` on the last tier, and the classes it does not serve."""
+    need, unserved = 0.0, set()
+    for name, left in rest.items():
+        if left > _EPS:
+            if cap[name] > 0:
+                need += left / cap[name]
+            else:
+                unserved.add(name)
+    return need, unserved
 
 
 def _fill(

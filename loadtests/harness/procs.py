@@ -216,5 +216,7 @@ def start_all(stack: contextlib.ExitStack, *procs: ManagedProcess) -> None:
     start); `stack` stops them all, whatever happens."""
     for p in procs:
         stack.callback(p.stop)
+    if not procs:
+        return
     with ThreadPoolExecutor(len(procs)) as pool:
         list(pool.map(lambda p: p.start(), procs))

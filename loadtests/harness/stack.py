@@ -3,15 +3,15 @@ benchmarks)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from loadtests.harness.procs import GatewayProcess, SimProcess
+from loadtests.harness.procs import GatewayProcess, SimProcess, start_all
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
 
@@ -86,22 +86,17 @@ def start_stack(
 ) -> Stack:
     """`latency` (`throughput`) simulators of the profile, or one per profile if given several."""
     args = ["--speedup", str(speedup)]
-    stack = Stack([], [])
     lat = [latency_profile] * latency if isinstance(latency_profile, str) else latency_profile
     thr = ([throughput_profile] * throughput if isinstance(throughput_profile, str)
            else throughput_profile)  # fmt: skip
-    stack.latency += [SimProcess(profile=p, args=[*args, *latency_args]) for p in lat]
-    stack.throughput += [SimProcess(profile=p, args=[*args, *throughput_args]) for p in thr]
-    try:
-        # The engines at once (each start is mostly Python's imports), the gateways after them,
-        # so that a gateway's first probes find every engine up.
-        sims = [*stack.latency, *stack.throughput]
-        if sims:
-            with ThreadPoolExecutor(len(sims)) as pool:
-                list(pool.map(lambda sim: sim.start(), sims))
+    stack = Stack([SimProcess(profile=p, args=[*args, *latency_args]) for p in lat],
+                  [SimProcess(profile=p, args=[*args, *throughput_args]) for p in thr])  # fmt: skip
+    with contextlib.ExitStack() as guard:
+        guard.callback(stack.stop)  # whatever fails, nothing is left running
+        # The engines at once, the gateways after them, so that a gateway's first probes find
+        # every engine up.
+        start_all(guard, *stack.sims)
         for i in range(gateways):
             add_gateway(stack, workdir, f"gateway-{i}", env, **settings)
-    except BaseException:
-        stack.stop()
-        raise
+        guard.pop_all()  # started: the caller stops them
     return stack
