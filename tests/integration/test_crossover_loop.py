@@ -13,7 +13,7 @@ from loadtests.crossover import Engine, Options, first_model, level_stats, timed
 from loadtests.harness.client import Result
 from loadtests.harness.procs import SimProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
