@@ -160,9 +160,9 @@ class Monitor:
         now = self.clock()
         due = [e for e in self.registry if self.due(e, now)]
         results = await asyncio.gather(*(self._fetch(e, self.health_due(e, now)) for e in due))
-        for entry, result in zip(due, results, strict=True):
+        for entry, (result, ours) in zip(due, results, strict=True):
             if self.registry.entries.get(entry.url) is entry:  # not forgotten meanwhile
-                self.observe(entry, result, now)
+                self.observe(entry, result, now, ours)
         self.registry.tick()
         self._publish(now)
         if self.learner is not None:
@@ -172,34 +172,47 @@ class Monitor:
 
     async def _fetch(
         self, entry: BackendEntry, health: bool
-    ) -> Mapping[str, EngineStats] | ScrapeFailed:
+    ) -> tuple[Mapping[str, EngineStats] | ScrapeFailed, int | None]:
+        """The engine's figures (or why there are none), and how many of the gateway's requests
+        it held when it counted them: its gauges are of a moment between the metrics request
+        and its answer, taken as the larger of the gateway's in-flight counts at those two
+        moments. (The count after alone, on a machine busy enough to answer late, took a batch
+        of ours that had ended meanwhile for another gateway's: a backend seen full of requests
+        that were all gone.)"""
         auth = entry.auth
         try:
             if health and (ready := self._ready.get(entry.url)) is not None:
                 failed = await ready.check()
                 if failed is not None:
-                    return ScrapeFailed(f"health {failed[0]}", hard=failed[1])
+                    return ScrapeFailed(f"health {failed[0]}", hard=failed[1]), None
             elif health:
                 async with self.session.get(
                     entry.health_url, headers=auth, timeout=self._timeout
                 ) as r:
                     await r.read()
                     if r.status != 200:
-                        return ScrapeFailed(f"health {r.status}", hard=True)
+                        return ScrapeFailed(f"health {r.status}", hard=True), None
+            before = self.registry.inflight(entry)
             async with self.session.get(
                 entry.metrics_url, headers=auth, timeout=self._timeout
             ) as r:
                 if r.status != 200:
-                    return ScrapeFailed(f"metrics {r.status}", hard=True)
+                    return ScrapeFailed(f"metrics {r.status}", hard=True), None
                 text = await r.text()
-            return entry.adapter.parse_metrics(text)
+            return entry.adapter.parse_metrics(text), max(before, self.registry.inflight(entry))
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, UnicodeDecodeError) as e:
-            return ScrapeFailed(type(e).__name__, hard=False)
+            return ScrapeFailed(type(e).__name__, hard=False), None
 
     def observe(
-        self, entry: BackendEntry, result: Mapping[str, EngineStats] | ScrapeFailed, now: float
+        self,
+        entry: BackendEntry,
+        result: Mapping[str, EngineStats] | ScrapeFailed,
+        now: float,
+        ours: int | None = None,
     ) -> None:
-        """Record one scrape's result at `now`: load figures, or a failure; eject, re-admit."""
+        """Record one scrape's result at `now`: load figures, or a failure; eject, re-admit.
+        `ours`: the gateway's requests the engine held when it counted (None: as many as are in
+        flight now)."""
         w, st = self._watch[entry.url], entry.live
         probing = st.down
         if isinstance(result, ScrapeFailed):
@@ -212,7 +225,7 @@ class Monitor:
             w.next_probe = now + self.cfg.probe_interval_s  # health was checked, and fine
         st.running, st.waiting, st.kv_usage, st.spec_acceptance, progress = merge(result)
         st.scraped_at = now
-        st.inflight_at_scrape = self.registry.inflight(entry)
+        st.inflight_at_scrape = self.registry.inflight(entry) if ours is None else ours
         w.scrape_failures = 0
         if self.learner is not None:
             self.learner.scraped(entry, result, now)

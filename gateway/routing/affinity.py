@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from gateway.routing.learned import NOTHING, Learned, outlook
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
-from gateway.routing.types import Backend, Decision, LoadSnapshot, Reason, RouteRequest
+from gateway.routing.types import Backend, BackendLoad, Decision, LoadSnapshot, Reason, RouteRequest
 
 __all__ = ["Affinity", "affinity_key", "rank"]
 
@@ -108,7 +108,7 @@ class Affinity:
             if home is None or home is ordered[0] or decision.reason in _KEEP_HOME:
                 return decision
             here = snap.load(home.url)
-            if self.saturation.backend(home, here):
+            if self._saturated(home, here, decision, snap):
                 return decision
             if here.waiting and not here.stale and not snap.load(ordered[0].url).effective:
                 # Requests queue at the home (the engine's batch is full) while the policy's
@@ -135,6 +135,20 @@ class Affinity:
                 return decision._replace(candidates=(b, *rest))
         return decision
 
+    def _saturated(
+        self, home: Backend, here: BackendLoad, decision: Decision, snap: LoadSnapshot
+    ) -> bool:
+        """Whether the home has no room by the policy's own measure: the learned policy's is
+        its model's (a home it knows is full where the model says so: `_priced`), not the fixed
+        policies' latency cap, which it does not keep either (a cap of 24 moved conversations
+        off a latency backend that the policy itself had just given 29 streams, all within the
+        SLO); the fixed limits otherwise."""
+        if decision.policy == self.learned.name:
+            at_home = snap.curves.get(home.url)
+            if at_home is not None and at_home.frontier:
+                return False
+        return self.saturation.backend(home, here)
+
     def _priced(
         self, req: RouteRequest, home: Backend, chosen: Backend, snap: LoadSnapshot
     ) -> bool:
@@ -143,6 +157,12 @@ class Affinity:
         SLO-meeting output, past its knee) where the choice would meet it (or add some), or
         where nothing is known of the choice yet, at all. True where the model knows nothing of
         the home: the cache hit is all that is known then (saturation still moves it).
+
+        Only a knee within the streams the home has shown counts: past its frontier the model
+        guesses one (a ridge that may lie anywhere out there; gateway.backends.latency_model),
+        with a doubt that a predicted SLO miss already prices, and the cache hit is known. The
+        request then tries the home's next stream, as the policy's own exploration does, and the
+        frontier moves up by evidence.
 
         A home is held to this, not to the load bound: one conversation holds one request at a
         time (a key other requests hold has no home), so going home piles no hot prefix onto an
@@ -157,13 +177,13 @@ class Affinity:
             return False
         # A gain the policy counts as none (gateway.routing.learned): the cache hit decides
         # near the knee.
-        nothing = NOTHING / slo.tpot_s
+        past_knee = there.gain < -NOTHING / slo.tpot_s and not there.ahead
         at_chosen = curves.get(chosen.url)
         if at_chosen is None or not at_chosen.frontier:
-            # The choice is unknown (the policy tries it): home while it meets the SLO and
-            # is before its knee.
-            return there.p >= 0.5 and there.gain >= -nothing
+            # The choice is unknown (the policy tries it): home while it meets the SLO and is
+            # before its knee.
+            return there.p >= 0.5 and not past_knee
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return False
-        return not (there.gain < -nothing and other.gain > nothing)
+        return not (past_knee and other.gain > NOTHING / slo.tpot_s)

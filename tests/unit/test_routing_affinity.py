@@ -52,36 +52,52 @@ def learned_snapshot(inflight: dict[Backend, int]) -> LoadSnapshot:
     return replace(s, curves={L0.url: FAST, **{b.url: SLOW for b in POOL}})
 
 
+# What the model knows: every backend ("all"), none, or only the home; "/4": the home observed
+# up to 4 streams only (the curve past that is its guess).
+ALL, NONE, HOME, ALL_4, HOME_4 = "all", "none", "home", "all/4", "home/4"
+
+
 @pytest.mark.parametrize(
     ("case", "home", "policy_first", "inflight", "known", "goes_home"),
     [
-        ("idle pool: home over the policy's choice", T2, T0, {}, True, True),
-        ("home in the other tier, before its knee", L0, T0, {L0: 4}, True, True),
-        ("home already first", T0, T0, {}, True, True),
-        ("policy tries an unknown backend, home meets its SLO", L0, T0, {L0: 4}, "home", True),
-        ("policy tries an unknown backend, home past its knee", L0, T0, {L0: 14}, "home", False),
-        ("home in the pool while the latency tier is faster: home", T1, L0, {}, True, True),
+        ("idle pool: home over the policy's choice", T2, T0, {}, ALL, True),
+        ("home in the other tier, before its knee", L0, T0, {L0: 4}, ALL, True),
+        ("home already first", T0, T0, {}, ALL, True),
+        ("policy tries an unknown backend, home meets its SLO", L0, T0, {L0: 4}, HOME, True),
+        ("policy tries an unknown backend, home past its knee", L0, T0, {L0: 14}, HOME, False),
+        # 9 streams at the home, a tenth there: within the SLO (15.6 ms) but past FAST's knee
+        # (641 tokens/s for 10 streams against 711 for 9).
+        ("policy tries an unknown backend, home past a knee seen", L0, T0, {L0: 9}, HOME, False),
+        ("policy tries an unknown backend, knee past the frontier", L0, T0, {L0: 9}, HOME_4, True),
+        ("home past an observed knee, the choice gains", L0, T0, {L0: 9}, ALL, False),
+        ("home past a knee beyond its frontier, the choice gains", L0, T0, {L0: 9}, ALL_4, True),
+        ("home in the pool while the latency tier is faster: home", T1, L0, {}, ALL, True),
         # The latency backend at 14 streams: TPOT 0.031 s, past the 25 ms SLO; the pool meets it.
-        ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, True, False),
+        ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, ALL, False),
+        ("home beyond its frontier, predicted to miss the SLO", L0, T0, {L0: 14}, ALL_4, False),
         # 13 on the pool's home, 0 elsewhere: SLOW's TPOT still meets the SLO there, and one
         # conversation holds one request at a time: the model, not the bound, decides.
-        ("known home beyond the bound, within its SLO: home", T2, T0, {T2: 13}, True, True),
+        ("known home beyond the bound, within its SLO: home", T2, T0, {T2: 13}, ALL, True),
         # Nothing known of the home: the cache hit is all that is known (saturation aside).
-        ("unknown home beyond the bound", T2, T0, {T2: 6}, False, True),
-        ("unknown latency home", L0, T0, {L0: 14}, False, True),
+        ("unknown home beyond the bound", T2, T0, {T2: 6}, NONE, True),
+        ("unknown latency home", L0, T0, {L0: 14}, NONE, True),
     ],
 )
 def test_a_key_served_lately_goes_home(
-    case: str, home: Backend, policy_first: Backend, inflight: dict[Backend, int],
-    known: bool | str, goes_home: bool,
+    case: str, home: Backend, policy_first: Backend, inflight: dict[Backend, int], known: str,
+    goes_home: bool,
 ) -> None:  # fmt: skip
-    """`known`: the model knows every backend (True), none (False), or only the "home"."""
     order = (policy_first, *(b for b in (L0, *POOL) if b is not policy_first))
     req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=home.url)
     s = learned_snapshot(inflight)
-    if known is not True:
-        s = replace(s, curves={home.url: s.curves[home.url]} if known == "home" else {})
-    d = AFF(req, decide(order), s)
+    curves = dict(s.curves)
+    if known.endswith("/4"):
+        curves[home.url] = replace(curves[home.url], frontier=4)
+    if known.startswith(HOME):
+        curves = {home.url: curves[home.url]}
+    elif known == NONE:
+        curves = {}
+    d = AFF(req, decide(order), replace(s, curves=curves))
     assert d.candidates[0] is (home if goes_home else policy_first), case
     assert sorted(urls(d)) == sorted(b.url for b in order)  # nothing lost, nothing added
 
@@ -127,6 +143,36 @@ def test_a_saturated_home_is_left() -> None:
     s = snap((L0, load()), *((b, loaded[b]) for b in POOL))
     d = decide((T0, T1, T2, T3, L0))
     assert AFF(RouteRequest(MODEL, affinity=KEY, home=T2.url), d, s) is d
+
+
+# A flat 5 ms TPOT up to 64 streams: every load meets the SLO and gains.
+FLAT = Prediction(Curve.of(lambda n: 0.005), Curve.of(lambda n: 0.05), frontier=64)
+
+
+@pytest.mark.parametrize(
+    ("case", "policy", "home", "home_load", "known", "goes_home"),
+    [
+        ("learned: a latency home past the fixed cap, within its SLO", "learned", L0,
+         load(inflight=25), True, True),
+        ("a fixed policy: the latency cap holds", "least-loaded", L0, load(inflight=25), True,
+         False),
+        ("learned, a home the model does not know: the cap holds", "learned", L0,
+         load(inflight=25), False, False),
+        ("learned: a pool home with a fresh queue is full by the model too", "learned", T2,
+         load(running=4, waiting=9), True, False),
+    ],
+)  # fmt: skip
+def test_a_home_has_room_by_the_policys_own_measure(
+    case: str, policy: str, home: Backend, home_load: BackendLoad, known: bool, goes_home: bool
+) -> None:
+    loads = {b: load() for b in (L0, *POOL)} | {home: home_load}
+    s = snap(*((b, loads[b]) for b in (L0, *POOL)))
+    curves = {b.url: FLAT for b in (L0, *POOL) if known or b is not home}
+    order = (T0, *(b for b in (L0, *POOL) if b is not T0))
+    d = Decision(order, Reason.PREDICTED_SLO_MET, policy, RouterState())
+    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=home.url)
+    got = AFF(req, d, replace(s, curves=curves))
+    assert got.candidates[0] is (home if goes_home else T0), case
 
 
 # -- a declared session seen for the first time: its own backend of the policy's tier ---------
