@@ -6,10 +6,10 @@ The policy decides first, on load and latency alone; this stage may then put ano
 first:
 - a request whose key was served lately (`req.home`, remembered by the pipeline, which gives no
   home to a key other requests hold right now) goes back to that backend, in whichever tier it
-  is, while it is not saturated, has no queue where the policy's choice is idle, and, where
-  the latency model knows it, it is neither full nor
-  predicted to miss the request's SLO where the policy's choice would meet it, nor to lose
-  SLO-meeting output (past its knee) where the policy's choice would add some. So a
+  is, while it is not saturated (by the policy's own measure), has no queue where the policy's
+  choice is idle, and, where the latency model knows it, it is neither full nor predicted to
+  miss the request's SLO where the policy's choice would meet it, nor to lose SLO-meeting
+  output (past a knee it has shown) where the policy's choice would add some. So a
   conversation that started on the latency tier stays there while that tier is before its knee
   for the request's SLO, and moves when it is past it;
 - a session the client declared (`x-session-id`, `user`) and seen for the first time goes to its
