@@ -34,6 +34,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.planner import PlanParams
 from gateway.routing import DEFAULT_POLICY, ParamError, PolicyName, PolicyParams, Slo
 from gateway.wire import EngineKind
 from gateway.wire.kinds import BUILTIN
@@ -243,6 +244,21 @@ class DiscoveryConfig(_Model):
         return "dns" if self.dns is not None else "kubernetes"
 
 
+class ReplicasConfig(_Model):
+    """The replicas of a tier the planner may ask for (docs/autoscaling.md), and what one
+    costs: the planner meets every SLO class's demand at the least total cost."""
+
+    minimum: int = Field(default=1, ge=0, le=10_000)
+    maximum: int = Field(default=10, ge=1, le=10_000)
+    cost: float = Field(default=1.0, gt=0, le=1e6)  # per replica: GPUs, or any one unit
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> Self:
+        if self.minimum > self.maximum:
+            raise _FieldError("minimum", f"must be at most maximum ({self.maximum})")
+        return self
+
+
 class TierConfig(_Model):
     name: TierName  # how metrics, logs and /state name the tier
     # latency: the fast tier (EAGLE), filled to its knee; throughput: the pool.
@@ -250,6 +266,7 @@ class TierConfig(_Model):
     backends: list[BackendConfig] = []  # the tier's engines, listed
     # Or found while the gateway runs (beside any listed): docs/discovery.md.
     discovery: DiscoveryConfig | None = None
+    replicas: ReplicasConfig = ReplicasConfig()  # the planner's bounds and cost
 
     @model_validator(mode="after")
     def _check_some_backends(self) -> Self:
@@ -396,6 +413,33 @@ class ContinuationConfig(_Model):
     max_continuations: int = Field(default=2, ge=1, le=10)  # per stream
 
 
+_PLAN = PlanParams()  # the planner's defaults, defined once (gateway.planner.replicas)
+
+
+class PlannerConfig(_Model):
+    """The planner (gateway.planner, docs/autoscaling.md): every `interval_s` it turns the
+    demand per SLO class and the learned curves into the replicas each tier needs, published
+    as `tiergate_tier_desired_replicas` and in /state for an autoscaler to follow."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=10.0, gt=0, le=3600)
+    # The time constant of the demand's short average (its long one: 4x): shorter follows a
+    # change sooner, longer is steadier.
+    tau_s: float = Field(default=60.0, gt=0, le=86_400)
+    # Spare capacity over the forecast, for its error.
+    headroom: float = Field(default=_PLAN.headroom, ge=0, le=10)
+    # How long a new replica takes to serve: a rising demand is carried over it.
+    startup_s: float = Field(default=_PLAN.startup_s, ge=0, le=86_400)
+    # The share of a class's streams planned to meet its TPOT SLO.
+    attainment: float = Field(default=_PLAN.attainment, gt=0, lt=1)
+    # The answer length assumed for a class until one of its requests has finished.
+    default_output_tokens: float = Field(default=256.0, gt=0, le=1_000_000)
+
+    @property
+    def params(self) -> PlanParams:
+        return PlanParams(self.headroom, self.startup_s, self.attainment)
+
+
 class SloConfig(_Model):
     """The service level a request asks for unless it says otherwise (x-tiergate-slo-ttft-ms,
     x-tiergate-slo-tpot-ms): the learned policy routes to meet it, metrics count who did."""
@@ -535,6 +579,7 @@ class Settings(BaseSettings):
     hedge: HedgeConfig = HedgeConfig()
     slo: SloConfig = SloConfig()
     learning: LearningConfig = LearningConfig()
+    planner: PlannerConfig = PlannerConfig()
     # Redis, for in-flight counts shared by several gateway replicas and tenants' limits
     # across them; null: in this process (or shared by its workers). Hidden from repr: the URL
     # may carry a password.

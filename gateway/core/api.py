@@ -262,6 +262,31 @@ class StateStoreView(BaseModel):
     healthy: bool
 
 
+class TierPlanView(BaseModel):
+    name: str
+    current: int = Field(description="Its backends in rotation when the planner last ran.")
+    desired: int = Field(description="The replicas the plan asks for.")
+    load: float = Field(description="Replicas' worth of the forecast demand planned onto it.")
+    capacity_rps: dict[str, float] = Field(
+        description="Per SLO class: requests/s one replica completes within the class's SLO,"
+        " from its learned curves (0: none within it, or nothing learned yet)."
+    )
+
+
+class PlanView(BaseModel):
+    """The planner's last plan (docs/autoscaling.md)."""
+
+    tiers: list[TierPlanView]
+    demand_rps: dict[str, float] = Field(
+        description="Per SLO class: the arrivals per second planned for (the forecast over a"
+        " replica's start-up, with headroom)."
+    )
+    unmet: list[str] = Field(
+        description="Classes no tier serves within their SLO, even at its maximum."
+    )
+    cost: float = Field(description="The plan's cost: replicas x each tier's cost per replica.")
+
+
 class GatewayState(BaseModel):
     """What routing sees right now."""
 
@@ -278,6 +303,9 @@ class GatewayState(BaseModel):
     served: int = Field(
         description="Proxied requests this process has completed since it started (/metrics"
         " counts every worker's)."
+    )
+    plan: PlanView | None = Field(
+        default=None, description="The planner's last plan (null: the planner is off)."
     )
 
 

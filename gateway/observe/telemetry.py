@@ -354,6 +354,54 @@ class Telemetry:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        # The planner's output and inputs (gateway.serve.planning), for autoscalers.
+        self.desired_replicas = Gauge(
+            "tiergate_tier_desired_replicas",
+            "The replicas of a tier that the planner finds meet every SLO class's forecast"
+            " demand at the least cost (within the tier's configured minimum and maximum).",
+            ("tier",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.planned_load = Gauge(
+            "tiergate_tier_planned_load_replicas",
+            "Replicas' worth of the forecast demand the plan puts on a tier (fractional). Summed"
+            " over gateway replicas, each planning for the traffic it sees, it is the whole"
+            " deployment's: an autoscaler may follow ceil(sum) (docs/autoscaling.md).",
+            ("tier",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.tier_replicas = Gauge(
+            "tiergate_tier_replicas",
+            "A tier's backends in rotation (healthy, not leaving) when the planner last ran.",
+            ("tier",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.replica_capacity = Gauge(
+            "tiergate_tier_replica_capacity_rps",
+            "Requests per second one replica of a tier completes within an SLO class, from its"
+            " learned curves (0: none within it, or nothing learned yet).",
+            ("tier", "slo_class"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.demand = Gauge(
+            "tiergate_demand_rps",
+            "An SLO class's arrivals per second as the planner forecasts them (over a replica's"
+            " start-up, with headroom).",
+            ("slo_class",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.demand_unmet = Gauge(
+            "tiergate_demand_unmet",
+            "1 where no tier, even at its maximum, serves an SLO class's demand within its SLO.",
+            ("slo_class",),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.discovered = Gauge(
             "tiergate_discovered_backends",
             "Backends a tier's discovery (DNS or the Kubernetes API) found in its last good"

@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 _TABLE = TypeAdapter(list[ReleaseConfig])
 # Sections a reload reports as changed but does not apply.
 _RESTART_SECTIONS = ("tiers", "policy", "retry", "monitor", "outlier", "continuation", "hedge",
-                     "slo", "learning", "server", "shutdown", "redis_url", "tenants", "api_keys",
-                     "admin_key", "protect_ops")  # fmt: skip
+                     "slo", "learning", "planner", "server", "shutdown", "redis_url", "tenants",
+                     "api_keys", "admin_key", "protect_ops")  # fmt: skip
 
 
 class Control:

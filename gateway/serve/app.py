@@ -48,6 +48,7 @@ from gateway.pipeline.intake import ClientGone, Receive
 from gateway.pipeline.tenants import ANONYMOUS
 from gateway.serve import admin
 from gateway.serve.assembly import Gateway, Hosting, open_gateway
+from gateway.serve.planning import Planning
 from gateway.serve.server import CLIENT_GONE
 
 if TYPE_CHECKING:
@@ -156,6 +157,9 @@ class Proxy:
 
     @staticmethod
     async def _route(gw: Gateway, ex: Exchange) -> None:
+        planning = gw.planning
+        if planning is not None:  # demand, whether or not there is room for it
+            planning.arrived(ex)
         while True:
             try:
                 if ex.trace is None:
@@ -171,6 +175,20 @@ class Proxy:
             # slot): decide again, and queue if everything is saturated now.
         gw.telemetry.record(ex)
         gw.learner.finished(ex)
+        if planning is not None:
+            planning.finished(ex)
+
+
+def _plan_view(planning: Planning) -> api.PlanView | None:
+    made = planning.last
+    if made is None:
+        return None
+    tiers = [api.TierPlanView(name=t.name, current=planning.current.get(t.name, 0),
+                              desired=t.desired, load=round(t.load, 3),
+                              capacity_rps={k: round(v, 3) for k, v in t.capacity.items()})
+             for t in made.tiers]  # fmt: skip
+    return api.PlanView(tiers=tiers, demand_rps={k: round(v, 3) for k, v in made.demand.items()},
+                        unmet=list(made.unmet), cost=made.cost)  # fmt: skip
 
 
 async def _cancel_on_disconnect(
@@ -365,6 +383,7 @@ def create_app(settings: Settings, hosting: Hosting | None = None) -> GatewayApp
             backends=rows,
             pid=os.getpid(),
             served=gw.telemetry.served,
+            plan=None if gw.planning is None else _plan_view(gw.planning),
         )
 
     @app.get(

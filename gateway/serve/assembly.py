@@ -40,6 +40,7 @@ from gateway.pipeline.router import Router
 from gateway.pipeline.shadow import Shadow
 from gateway.pipeline.upstream import Upstream
 from gateway.serve.admin import Control
+from gateway.serve.planning import Planning
 from gateway.wire import EngineKind
 from gateway.wire.kinds import BUILTIN
 
@@ -96,6 +97,8 @@ class Gateway:
     discovery: Discovery | None = None  # None: no tier discovers its backends
     # Where each affinity key was served last (None: prefix affinity off).
     homes: Homes | None = None
+    # The demand per SLO class and the replicas each tier needs (None: planner off).
+    planning: Planning | None = None
 
     async def reject(self, ex: Exchange, e: GatewayError) -> None:
         """Answer `ex` with the gateway's own error."""
@@ -201,6 +204,8 @@ async def open_gateway(
                 t.discovery for t in settings.tiers) else None,
             homes=Homes(settings.policy.affinity_keys, settings.policy.affinity_ttl_s)
             if intake.keyed else None,
+            planning=Planning(settings.planner, list(settings.tiers), registry, telemetry)
+            if settings.planner.enabled and settings.tiers else None,
         )
         if displace is not None:
             for e in registry:  # its series at 0 (see Telemetry.declare_variants)
@@ -216,6 +221,9 @@ async def open_gateway(
         stack.push_async_callback(gw.shadow.aclose)
         await gw.limits.start()
         stack.push_async_callback(gw.limits.aclose)
+        if gw.planning is not None:
+            await gw.planning.start()
+            stack.push_async_callback(gw.planning.aclose)
         state = store.kind
         log.info("gateway ready", extra={"fields": {
             "backends": len(registry.backends), "models": ",".join(sorted(registry.models)),

@@ -1,0 +1,97 @@
+"""The demand per SLO class lately: arrival rate, its trend, and the mean answer length, from the
+gateway's own requests.
+
+Arrivals are counted when a request is first routed (before admission: a request refused for
+want of room is demand all the same, and a rate of completions would stop rising at the
+capacity it should reveal). Two exponentially weighted rates with time constants tau and 4 tau
+follow the arrivals; on a rate rising linearly by b per second such an average lags the rate by
+b x its time constant, so the two differ by 3 tau x b: the trend is read from their gap, and
+the rate now is the short one plus its lag (Holt's linear trend, from two averages instead of a
+fitted line: two numbers per class, updated in O(1)). Answer lengths are averaged over finished
+requests with the short time constant.
+
+Time comes in with every call (no clock read here); the caller owns the one instance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gateway.planner.replicas import ClassDemand
+from gateway.routing.types import Slo
+
+__all__ = ["Demand", "class_name"]
+
+# The long average's time constant, in short ones.
+_LONG = 4.0
+
+
+def class_name(slo: Slo) -> str:
+    """A class's name in metrics and /state: its two bounds, in ms."""
+    return f"ttft<={slo.ttft_s * 1000:g}ms,tpot<={slo.tpot_s * 1000:g}ms"
+
+
+@dataclass(slots=True)
+class _Class:
+    slo: Slo
+    short: float = 0.0  # requests/s, time constant tau
+    long: float = 0.0  # requests/s, time constant _LONG x tau
+    at: float = 0.0  # when the two rates were last brought up to date
+    tokens: float = 0.0  # mean output tokens of finished requests
+    tokens_weight: float = 0.0  # 0: none finished yet
+    tokens_at: float = 0.0
+
+
+class Demand:
+    """Per SLO class, the arrival rate and its trend, and the mean answer length."""
+
+    def __init__(self, tau_s: float, default_output_tokens: float) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be positive")
+        self.tau_s = tau_s
+        # Assumed for a class until one of its requests has finished.
+        self.default_output_tokens = default_output_tokens
+        self._classes: dict[Slo, _Class] = {}
+
+    def _class(self, slo: Slo, now: float) -> _Class:
+        c = self._classes.get(slo)
+        if c is None:
+            c = self._classes[slo] = _Class(slo, at=now)
+        return c
+
+    def _decay(self, c: _Class, now: float) -> None:
+        dt = now - c.at
+        if dt > 0:
+            c.short *= math.exp(-dt / self.tau_s)
+            c.long *= math.exp(-dt / (_LONG * self.tau_s))
+            c.at = now
+
+    def arrived(self, slo: Slo, now: float) -> None:
+        """A request of class `slo` arrived at `now`."""
+        c = self._class(slo, now)
+        self._decay(c, now)
+        # An impulse of 1/tau into an average of time constant tau: one arrival per second
+        # keeps it at 1 request/s.
+        c.short += 1.0 / self.tau_s
+        c.long += 1.0 / (_LONG * self.tau_s)
+
+    def finished(self, slo: Slo, output_tokens: int, now: float) -> None:
+        """A request of class `slo` ended at `now` with `output_tokens` generated."""
+        c = self._class(slo, now)
+        # A weighted mean whose old weight decays with the short time constant.
+        old = c.tokens_weight * math.exp(-max(0.0, now - c.tokens_at) / self.tau_s)
+        c.tokens_weight, c.tokens_at = old + 1.0, now
+        c.tokens += (output_tokens - c.tokens) / c.tokens_weight
+
+    def classes(self, now: float) -> list[ClassDemand]:
+        """Every class seen, with its rate and trend at `now` (a class idle for long has a rate
+        near 0: it is kept, and costs nothing to plan)."""
+        out = []
+        for c in self._classes.values():
+            self._decay(c, now)
+            trend = (c.short - c.long) / ((_LONG - 1.0) * self.tau_s)
+            rate = max(0.0, c.short + trend * self.tau_s)
+            tokens = c.tokens if c.tokens_weight else self.default_output_tokens
+            out.append(ClassDemand(class_name(c.slo), c.slo, rate, tokens, trend))
+        return out
