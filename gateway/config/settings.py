@@ -222,12 +222,22 @@ class KubernetesDiscovery(_Model):
     retry_s: float = Field(default=1.0, gt=0)
 
 
+class FileDiscovery(_Model):
+    """Backends listed in a file something else writes (YAML or JSON: a list of base URLs, or
+    `backends:` with one), re-read every `interval_s`; write it whole and rename it over the
+    old one. A missing or malformed file keeps the backends found last."""
+
+    path: Path
+    interval_s: float = Field(default=1.0, gt=0)
+
+
 class DiscoveryConfig(_Model):
-    """Where a tier's backends come from while it runs: DNS or the Kubernetes API (one of
-    the two), each found address a backend made from `backend`."""
+    """Where a tier's backends come from while it runs: DNS, the Kubernetes API or a file (one
+    of the three), each found address a backend made from `backend`."""
 
     dns: DnsDiscovery | None = None
     kubernetes: KubernetesDiscovery | None = None
+    file: FileDiscovery | None = None
     backend: BackendTemplate
     # A backend gone from discovery takes no new requests at once; its streams may finish
     # for this long, then the rest are cut and continue on another backend.
@@ -235,13 +245,15 @@ class DiscoveryConfig(_Model):
 
     @model_validator(mode="after")
     def _check_source(self) -> Self:
-        if (self.dns is None) == (self.kubernetes is None):
-            raise _FieldError("dns", "set exactly one source: dns or kubernetes")
+        if sum(s is not None for s in (self.dns, self.kubernetes, self.file)) != 1:
+            raise _FieldError("dns", "set exactly one source: dns, kubernetes or file")
         return self
 
     @property
     def source(self) -> str:
-        return "dns" if self.dns is not None else "kubernetes"
+        if self.dns is not None:
+            return "dns"
+        return "kubernetes" if self.kubernetes is not None else "file"
 
 
 class ReplicasConfig(_Model):

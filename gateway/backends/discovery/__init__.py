@@ -1,5 +1,6 @@
-"""Discovery: the backends of a tier found while the gateway runs, from DNS (dns.py) or the
-Kubernetes API (kubernetes.py), each address a backend made from the tier's template.
+"""Discovery: the backends of a tier found while the gateway runs, from DNS (dns.py), the
+Kubernetes API (kubernetes.py) or a file (file.py), each address a backend made from the tier's
+template.
 
 Each discovering tier runs its source in a task of its own. What a source finds joins the
 registry (out of rotation until the monitor's first good probe); what it no longer finds leaves
@@ -32,6 +33,10 @@ def make_source(cfg: DiscoveryConfig) -> Source:
         from gateway.backends.discovery.dns import DnsSource
 
         return DnsSource(cfg.dns)
+    if cfg.file is not None:
+        from gateway.backends.discovery.file import FileSource
+
+        return FileSource(cfg.file)
     assert cfg.kubernetes is not None
     from gateway.backends.discovery.kubernetes import KubernetesSource
 
