@@ -101,6 +101,14 @@ def sim(
     grpc_port: Annotated[
         int | None, typer.Option(help="Triton: also serve Triton's gRPC API here (its 8001).")
     ] = None,
+    startup_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Wall-clock seconds before the port opens, as vLLM loads its weights before "
+            "it listens: a new replica's start-up, for autoscaling.",
+        ),
+    ] = 0,
 ) -> None:
     """Run a simulated vLLM engine: vLLM's OpenAI API and metrics, with a real-time
     continuous-batching scheduler calibrated to the tutorial's tables (no GPU needed)."""
@@ -128,6 +136,10 @@ def sim(
         hang=fault_hang,
         crash_after=fault_crash_after,
     )
+    if startup_s:  # after the arguments are checked: a mistake is told at once
+        import time
+
+        time.sleep(startup_s)
     if api is SimApi.TRITON:
         from engines.sim import triton
 

@@ -4,11 +4,15 @@ and the gateway in front of them in this process."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gateway.routing import DEFAULT_POLICY, PolicyName
+
+if TYPE_CHECKING:
+    from loadtests.harness.procs import SimProcess
+    from tiergate.autoscale import PoolScaler
 
 
 def up(
@@ -46,9 +50,35 @@ def up(
             dir_okay=False,
         ),
     ] = None,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            help="Start and stop throughput simulators to follow the gateway's planner "
+            "(docs/autoscaling.md): the pool is a file the gateway discovers it from; "
+            "--throughput is where it starts, --max-replicas its ceiling.",
+        ),
+    ] = False,
+    max_replicas: Annotated[
+        int, typer.Option(min=1, help="--autoscale: the most throughput simulators.")
+    ] = 6,
+    startup_s: Annotated[
+        float,
+        typer.Option(
+            min=0, help="--autoscale: a new simulator's start-up (seconds before it listens)."
+        ),
+    ] = 10.0,
+    scale_down_after_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="--autoscale: how long the plan must want fewer simulators before one leaves.",
+        ),
+    ] = 30.0,
 ) -> None:
     """Start the embedded stack: simulated engines (a latency tier and a throughput pool)
     and the gateway in front of them. Ctrl-C stops everything."""
+    import threading
+
     from rich.console import Console
     from rich.panel import Panel
 
@@ -58,6 +88,9 @@ def up(
     from gateway.serve.cli import run
     from loadtests.harness.procs import SimProcess
 
+    if autoscale and throughput < 1:
+        raise typer.BadParameter("--autoscale needs a throughput simulator to start from",
+                                 param_hint="--throughput")  # fmt: skip
     console = Console(stderr=True)
     setup_logging(log_level, False)
     logs.mkdir(parents=True, exist_ok=True)
@@ -68,6 +101,8 @@ def up(
         ("throughput", throughput_profile)
     ] * throughput
     sims: list[tuple[str, SimProcess]] = []
+    scaler = None
+    stop = threading.Event()
     try:
         with console.status("starting simulated engines..."):
             for i, (role, prof) in enumerate(plan):
@@ -78,7 +113,7 @@ def up(
                     log=logs / f"sim-{sim_port + i}.log",
                 )
                 sims.append((role, sim.start()))
-        tiers = [
+        tiers: list[dict[str, object]] = [
             {
                 "name": role,
                 "role": role,
@@ -87,6 +122,11 @@ def up(
             for role in ("latency", "throughput")
             if any(r == role for r, _ in sims)
         ]
+        if autoscale:
+            scaler = _scaler(port, logs, sims, (sim_port + len(plan), throughput_profile, model,
+                                                [*extra, "--startup-s", str(startup_s)]),
+                             startup_s, scale_down_after_s)  # fmt: skip
+            tiers = _autoscaled(tiers, scaler.listing, model, max_replicas, latency)
         try:
             settings = load_settings(
                 None,
@@ -106,6 +146,9 @@ def up(
             lines = [f"[bold]gateway[/]    http://127.0.0.1:{port}/v1  (metrics: /metrics)"]
             for role, s in sims:
                 lines.append(f"[bold]{role:<11}[/]{s.url}  ({s.profile})")
+            if scaler is not None:
+                lines.append(f"[bold]autoscale[/]  the pool follows the planner: 1..{max_replicas}"
+                             f" simulators, {startup_s:g} s to start (list: {scaler.listing})")
             lines += [
                 "",
                 "try:",
@@ -118,7 +161,60 @@ def up(
             ]
             console.print(Panel("\n".join(lines), title="tiergate is up", expand=False))
 
+        if scaler is not None:
+            threading.Thread(target=scaler.run, args=(stop,), name="autoscale", daemon=True).start()
         run(settings, banner)
     finally:
+        stop.set()
+        if scaler is not None:
+            scaler.close()
         for _, s in sims:
             s.stop()
+
+
+def _scaler(
+    port: int,
+    logs: Path,
+    sims: list[tuple[str, SimProcess]],
+    spawning: tuple[int, str, str, list[str]],
+    startup_s: float,
+    down_after_s: float,
+) -> PoolScaler:
+    """The pool's scaler, adopting the throughput simulators started already, and the file that
+    lists them; `spawning`: the first port for new ones, their profile, model and arguments."""
+    from loadtests.harness.procs import SimProcess
+    from tiergate.autoscale import PoolScaler
+
+    first, profile, model, args = spawning
+    ports = iter(range(first, first + 10_000))
+
+    def spawn() -> SimProcess:
+        p = next(ports)
+        return SimProcess(port=p, profile=profile, args=["--model", model, *args],
+                          log=logs / f"sim-{p}.log")  # fmt: skip
+
+    scaler = PoolScaler(f"http://127.0.0.1:{port}", "throughput", logs / "pool.yaml", spawn,
+                        startup_s, down_after_s=down_after_s)  # fmt: skip
+    for role, s in sims:
+        if role == "throughput":
+            scaler.adopt(s)
+    scaler.write()
+    return scaler
+
+
+def _autoscaled(
+    tiers: list[dict[str, object]], listing: Path, model: str, maximum: int, latency: int
+) -> list[dict[str, object]]:
+    """The tiers with the pool discovered from `listing`, within 1..`maximum` replicas, and the
+    latency tier held at its `latency` simulators (only the pool is scaled)."""
+    out = []
+    for t in tiers:
+        if t["role"] == "throughput":
+            t = {"name": t["name"], "role": "throughput",
+                 "discovery": {"file": {"path": str(listing), "interval_s": 0.5},
+                               "backend": {"models": [model]}},
+                 "replicas": {"minimum": 1, "maximum": maximum}}  # fmt: skip
+        else:
+            t = {**t, "replicas": {"minimum": latency, "maximum": latency}}
+        out.append(t)
+    return out

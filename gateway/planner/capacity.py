@@ -5,7 +5,11 @@ by Little's law it completes n / (TTFT(n) + L x TPOT(n)) requests per second. Wi
 SLO means at a concurrency where a stream meets the TPOT SLO with at least the planned
 probability (the curve's observed spread, as the learned policy reads it) and the first token
 comes within the TTFT SLO. The capacity is the most such a replica completes at any such
-concurrency: past the knee more streams do not help.
+concurrency up to the most streams it has been seen to run (its frontier): past the knee more
+streams do not help, and past the frontier the curve is the model's guess, which routing may
+explore one stream at a time but a plan must not count on (a planner that read the guess
+found one pool replica enough for a load that queued on it). The frontier rises with the load
+a replica is given, so the capacity read grows with the evidence.
 """
 
 from __future__ import annotations
@@ -47,10 +51,11 @@ def tier_capacity(
     preds: Sequence[Prediction], slo: Slo, output_tokens: float, attainment: float,
     max_streams: int,
 ) -> float:  # fmt: skip
-    """A tier's capacity per replica: the median of its replicas' (replicas of one tier run the
-    same engine; the median leaves out one that is slow for a reason of its own)."""
+    """A tier's capacity per replica: the median of its replicas', each up to its frontier
+    (replicas of one tier run the same engine; the median leaves out one that is slow for a
+    reason of its own)."""
     if not preds:
         return 0.0
     return statistics.median(
-        capacity(p, slo, output_tokens, attainment, max_streams) for p in preds
+        capacity(p, slo, output_tokens, attainment, min(max_streams, p.frontier)) for p in preds
     )

@@ -6,9 +6,11 @@ want of room is demand all the same, and a rate of completions would stop rising
 capacity it should reveal). Two exponentially weighted rates with time constants tau and 4 tau
 follow the arrivals; on a rate rising linearly by b per second such an average lags the rate by
 b x its time constant, so the two differ by 3 tau x b: the trend is read from their gap, and
-the rate now is the short one plus its lag (Holt's linear trend, from two averages instead of a
-fitted line: two numbers per class, updated in O(1)). Answer lengths are averaged over finished
-requests with the short time constant.
+on a rise the rate now is the short one plus its lag (Holt's linear trend, from two averages
+instead of a fitted line: two numbers per class, updated in O(1)). On a fall the short average
+stands: a drop read as a steep decline would be carried below zero within a time constant,
+and a plan that undershoots misses SLOs where one that overshoots costs a replica a while.
+Answer lengths are averaged over finished requests with the short time constant.
 
 Time comes in with every call (no clock read here); the caller owns the one instance.
 """
@@ -91,7 +93,7 @@ class Demand:
         for c in self._classes.values():
             self._decay(c, now)
             trend = (c.short - c.long) / ((_LONG - 1.0) * self.tau_s)
-            rate = max(0.0, c.short + trend * self.tau_s)
+            rate = c.short + max(0.0, trend) * self.tau_s
             tokens = c.tokens if c.tokens_weight else self.default_output_tokens
             out.append(ClassDemand(class_name(c.slo), c.slo, rate, tokens, trend))
         return out

@@ -5,6 +5,8 @@ the start-up time, a class no tier serves)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.planner import (
@@ -64,6 +66,16 @@ def test_a_tiers_capacity_is_its_replicas_median() -> None:
     one = capacity(ps[0], STANDARD, 100, AT_THE_CURVE, 256)
     assert tier_capacity(ps, STANDARD, 100, AT_THE_CURVE, 256) == pytest.approx(one)
     assert tier_capacity([], STANDARD, 100, AT_THE_CURVE, 256) == 0.0
+
+
+def test_a_tier_is_counted_only_up_to_the_streams_it_has_run() -> None:
+    """Short answers are best at the SLO's edge (31 streams) by the curve; a replica seen at no
+    more than 12 counts 12 (past its frontier the curve is the model's guess)."""
+    seen_to_12 = replace(pred(0.010, 16, 0.001), frontier=12)
+    assert tier_capacity([seen_to_12], STANDARD, 10, AT_THE_CURVE, 256) == pytest.approx(
+        12 / (0.1 + 10 * 0.010))
+    assert tier_capacity([pred(0.010, 16, 0.001)], STANDARD, 10, AT_THE_CURVE, 256) == (
+        pytest.approx(31 / 0.35))
 
 
 @pytest.mark.parametrize(

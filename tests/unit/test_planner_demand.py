@@ -33,7 +33,8 @@ def arrivals(meter: Demand, slo: Slo, rate_at: object, start: float, end: float)
         ("steady 10 requests/s", lambda t: 10.0, 10.0, 0.0),
         ("steady 0.5 requests/s", lambda t: 0.5, 0.5, 0.0),
         ("rising by 0.2 requests/s each second", lambda t: 2.0 + 0.2 * t, 2.0 + 0.2 * 200, 0.2),
-        ("falling by 0.05 requests/s each second", lambda t: 12.0 - 0.05 * t, 2.0, -0.05),
+        # Falling: the short average, a lag (0.05 x tau) above the rate, is not carried down.
+        ("falling by 0.05 requests/s each second", lambda t: 12.0 - 0.05 * t, 2.5, -0.05),
     ],
 )
 def test_rate_and_trend_follow_the_arrivals(
@@ -45,6 +46,17 @@ def test_rate_and_trend_follow_the_arrivals(
     # Within 15%: at 5 arrivals per time constant the averages saw-tooth between arrivals.
     assert got.rate == pytest.approx(rate, rel=0.15), case
     assert got.trend == pytest.approx(trend, abs=0.02), case
+
+
+def test_a_drop_is_not_read_below_the_rate_left() -> None:
+    """From 100 to 5 requests/s: the rate read never goes under the 5 that go on (a decline
+    carried over the time constant would have read 0 within seconds)."""
+    meter = Demand(TAU, default_output_tokens=128)
+    t = arrivals(meter, CHAT, lambda _: 100.0, 0.0, 100.0)
+    while t < 200.0:
+        t = arrivals(meter, CHAT, lambda _: 5.0, t, t + 2.0)
+        (got,) = meter.classes(t)
+        assert got.rate >= 5.0 * 0.85, t
 
 
 def test_a_stopped_class_decays_to_nothing_and_classes_are_apart() -> None:
