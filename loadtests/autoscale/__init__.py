@@ -1,0 +1,1 @@
+"""The autoscaling study's parts: Kubernetes' HPA controller on a virtual clock (hpa.py)."""
