@@ -28,6 +28,7 @@ from gateway.core.errors import GatewayError, first_problem
 from gateway.core.exchange import Endpoint, Exchange, Send
 from gateway.pipeline.releases import Release, Releases
 from gateway.pipeline.tenants import Tenants
+from gateway.pipeline.usage import ask_usage
 from gateway.routing import Role, Slo
 from gateway.routing.affinity import affinity_key
 
@@ -136,6 +137,7 @@ class Intake:
             ex.affinity = session_key(who) if who else prefix_key(data, ex.endpoint.chat)
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
+        ask_usage(ex)  # a stream counted in tokens, not events (gateway.pipeline.usage)
 
     async def _body(self, ex: Exchange, receive: Receive) -> bytes:
         declared = ex.headers.get(b"content-length")

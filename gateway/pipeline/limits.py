@@ -322,7 +322,6 @@ def _verdict(got: list[str], rpm: int | None, tpm: int | None) -> Verdict:
 
 
 _TOTAL = b'"total_tokens":'
-_USAGE_ONLY = b'"choices":[]'
 
 
 def total_tokens(body: bytes) -> int | None:
@@ -336,14 +335,6 @@ def total_tokens(body: bytes) -> int | None:
     while end < len(digits) and digits[end : end + 1].isdigit():
         end += 1
     return int(digits[:end]) if end else None
-
-
-def without_usage_events(body: bytes) -> bytes:
-    """`body` (whole SSE events) without the usage-only events (`"choices":[]`)."""
-    if _USAGE_ONLY not in body:
-        return body
-    events = body.split(b"\n\n")
-    return b"\n\n".join(e for e in events if _USAGE_ONLY not in e)
 
 
 class Limits:
@@ -371,7 +362,7 @@ class Limits:
             return
         if not tenant.limited:  # its usage is still counted
             ex.limited = True
-            _watch(ex, [], False)
+            _watch(ex, [])
             return
         verdict = (self.local.admit(tenant) if self.shared is None
                    else await self.shared.admit(tenant))  # fmt: skip
@@ -380,7 +371,7 @@ class Limits:
             t.child(t.rate_limited, tenant.name, verdict.refused_by).inc()
             raise verdict.error(tenant)
         ex.limited = True
-        _watch(ex, verdict.headers(), bool(tenant.limits.tokens_per_minute))
+        _watch(ex, verdict.headers())
 
     def finish(self, ex: Exchange) -> None:
         """The request is over: its place in flight back, its tokens charged."""
@@ -411,29 +402,18 @@ class Limits:
             await self.shared.aclose()
 
 
-def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]], charged: bool) -> None:
+def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
     """Wrap the client's `send`: the rate-limit headers go on the answer, and the answer's
-    usage is read as it passes. With a token limit (`charged`), a stream whose client did not
-    ask for usage is sent with `stream_options.include_usage` all the same, so that real usage
-    is charged, and the usage event is taken out of what the client gets."""
+    usage is read as it passes (every stream carries it: gateway.pipeline.usage asks for it
+    where the client did not, and takes it out of what that client gets, after this)."""
     send = ex.send
-    strip = False
-    if charged and ex.stream:
-        options = ex.data.get("stream_options")
-        if not (isinstance(options, dict) and options.get("include_usage")):
-            ex.set_field("stream_options", {**(options if isinstance(options, dict) else {}),
-                                            "include_usage": True})  # fmt: skip
-            strip = True
 
     async def watched(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             if headers:
                 message = {**message, "headers": [*message["headers"], *headers]}
-        elif body := message.get("body"):
-            if (n := total_tokens(body)) is not None:
-                ex.usage_tokens = n
-            if strip:
-                message = {**message, "body": without_usage_events(body)}
+        elif (body := message.get("body")) and (n := total_tokens(body)) is not None:
+            ex.usage_tokens = n
         await send(message)
 
     ex.send = watched

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -30,6 +30,12 @@ __all__ = ["ClassDemand", "Plan", "PlanParams", "TierPlan", "TierSupply", "plan"
 
 # A count of replicas a hair above an integer (float sums) is that integer.
 _EPS = 1e-9
+# The most combinations of the earlier tiers' counts tried one by one; past it (many tiers),
+# a coordinate descent (_descend). A latency tier before a pool is 1..10 or so.
+_EXHAUSTIVE = 4096
+
+# (the sort key: cost, replicas, the earlier tiers' counts), each tier's load, the last's count.
+_Candidate = tuple[tuple[float, int, tuple[int, ...]], list[float], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,17 +107,22 @@ def plan(tiers: Sequence[TierSupply], classes: Sequence[ClassDemand], params: Pl
     unmet = tuple(sorted(n for n, d in demand.items() if d > 0 and n not in served))
 
     *first, last = tiers
-    best: tuple[tuple[float, int, tuple[int, ...]], list[float], int] | None = None
-    for counts in itertools.product(*(range(t.minimum, t.maximum + 1) for t in first)):
+
+    def evaluate(counts: tuple[int, ...]) -> _Candidate | None:
         loads, rest = _fill(counts, caps[:-1], caps[-1], want)
         need, unserved = _left_for_last(rest, caps[-1])
         n_last = max(last.minimum, math.ceil(need - _EPS))
         if unserved or n_last > last.maximum:
-            continue
+            return None
         cost = sum(n * t.cost for n, t in zip(counts, first, strict=True)) + n_last * last.cost
-        key = (cost, sum(counts) + n_last, counts)
-        if best is None or key < best[0]:
-            best = (key, [*loads, need], n_last)
+        return (cost, sum(counts) + n_last, counts), [*loads, need], n_last
+
+    ranges = [range(t.minimum, t.maximum + 1) for t in first]
+    if math.prod(len(r) for r in ranges) <= _EXHAUSTIVE:
+        found = (evaluate(c) for c in itertools.product(*ranges))
+        best = min((c for c in found if c is not None), key=lambda c: c[0], default=None)
+    else:
+        best = _descend(ranges, evaluate)
     if best is None:
         # Not even every tier at its maximum serves it all: plan the maximum, say what is short:
         # a class the last tier does not serve, or, past its maximum, every class left to it
@@ -129,6 +140,28 @@ def plan(tiers: Sequence[TierSupply], classes: Sequence[ClassDemand], params: Pl
                 for t, n, load, cap in zip(tiers, desired, loads, caps, strict=True))  # fmt: skip
     cost = sum(n * t.cost for n, t in zip(desired, tiers, strict=True))
     return Plan(out, cost, MappingProxyType(demand), unmet)
+
+
+def _descend(
+    ranges: Sequence[range], evaluate: Callable[[tuple[int, ...]], _Candidate | None]
+) -> _Candidate | None:
+    """The best counts found by coordinate descent from every earlier tier at its maximum
+    (feasible if anything is): each tier's count in turn tried over its range with the others
+    held, until a whole pass improves nothing. A local optimum, not a proof, for deployments
+    of many tiers; the usual two are searched exhaustively."""
+    counts = [r[-1] for r in ranges]
+    best = evaluate(tuple(counts))
+    if best is None:
+        return None
+    improved = True
+    while improved:
+        improved = False
+        for i, r in enumerate(ranges):
+            for n in r:
+                trial = evaluate((*counts[:i], n, *counts[i + 1 :]))
+                if trial is not None and trial[0] < best[0]:
+                    best, counts[i], improved = trial, n, True
+    return best
 
 
 def _capacities(

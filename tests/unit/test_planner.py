@@ -195,3 +195,16 @@ def test_the_start_up_time_and_headroom_add_replicas() -> None:
 def test_no_tier_is_an_error() -> None:
     with pytest.raises(ValueError, match="no tier"):
         plan([], [standard(1)], EXACT)
+
+
+def test_many_tiers_are_planned_by_descent_and_still_serve_the_demand() -> None:
+    """Twelve pools, 1..10 replicas each: 10^11 combinations of the first eleven, past the
+    exhaustive search. A pool replica serves 64 / 2.1 = 30.5 requests/s; 500 requests/s need
+    16.4 replicas' worth: 17 in all, each pool holding at least one, at the least cost of 17."""
+    pools = [TierSupply(f"pool-{i}", (POOL,), None, minimum=1, maximum=10) for i in range(12)]
+    made = plan(pools, [standard(500)], EXACT)
+    per_replica = made.tiers[0].capacity["standard"]
+    assert per_replica == pytest.approx(64 / 2.1)
+    assert sum(t.desired for t in made.tiers) * per_replica >= 500
+    assert made.cost == 17
+    assert made.unmet == ()

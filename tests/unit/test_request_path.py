@@ -135,8 +135,8 @@ async def test_intake_fills_the_exchange() -> None:
     ex = await read(settings(), body, headers={"x-tiergate-tier": " Latency ",
                                                "x-request-id": "abc"})  # fmt: skip
     assert (ex.id, ex.model, ex.stream, ex.pinned) == ("abc", "m", True, Role.LATENCY)
-    assert ex.data == body
-    assert json.loads(ex.body) == body  # forwarded as it came
+    # Forwarded as it came, asking for usage (streams count tokens: gateway.pipeline.usage).
+    assert ex.data == json.loads(ex.body) == body | {"stream_options": {"include_usage": True}}
     assert ex.exclude == frozenset()
     assert ex.response_headers == [(b"x-request-id", b"abc")]
     # Prefix affinity is on by default: the prompt's beginning keys it (not a session).

@@ -16,9 +16,9 @@ from gateway.pipeline.limits import (
     Verdict,
     duration,
     total_tokens,
-    without_usage_events,
 )
 from gateway.pipeline.tenants import ANONYMOUS, Tenant, Tenants, hash_key, new_key
+from gateway.pipeline.usage import without_usage_events
 
 KEYS = {"alice": "sk-alice-key", "bob": "sk-bob-key"}
 
