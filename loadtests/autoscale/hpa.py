@@ -98,15 +98,17 @@ class Hpa:
 
     def _limit(self, now: float, current: int, desired: int) -> int:
         if desired > current:
-            ceiling = min(self.maximum, max(current, self._up_limit(now, current)))
+            ceiling = min(self.maximum, max(current, self._rate_limit(now, current, up=True)))
             return min(desired, ceiling)
         if desired < current:
-            floor = max(self.minimum, min(current, self._down_limit(now, current)))
+            floor = max(self.minimum, min(current, self._rate_limit(now, current, up=False)))
             return max(desired, floor)
         return min(max(desired, self.minimum), self.maximum)
 
-    def _up_limit(self, now: float, current: int) -> int:
-        rules = self.up
+    def _rate_limit(self, now: float, current: int, *, up: bool) -> int:
+        """The most (`up`) or fewest replicas the direction's policies allow now, each counting
+        from the replicas there were at the start of its period."""
+        rules = self.up if up else self.down
         if rules.select == "Disabled":
             return current
         proposals = []
@@ -114,22 +116,11 @@ class Hpa:
             added, removed = self._changed(now, p.period_s)
             start = current - added + removed
             if p.kind == "Pods":
-                proposals.append(start + p.value)
-            else:  # rounded up, or a small percentage would never add a pod
+                proposals.append(start + p.value if up else start - p.value)
+            elif up:  # rounded up, or a small percentage would never add a pod
                 proposals.append(math.ceil(start * (1 + p.value / 100)))
-        return (max if rules.select == "Max" else min)(proposals)
-
-    def _down_limit(self, now: float, current: int) -> int:
-        rules = self.down
-        if rules.select == "Disabled":
-            return current
-        proposals = []
-        for p in rules.policies:
-            added, removed = self._changed(now, p.period_s)
-            start = current - added + removed
-            if p.kind == "Pods":
-                proposals.append(start - p.value)
             else:
                 proposals.append(int(start * (1 - p.value / 100)))
-        # "Max" selects the biggest change: the fewest replicas left.
-        return (min if rules.select == "Max" else max)(proposals)
+        # "Max" selects the biggest change: the most replicas up, the fewest down.
+        biggest = rules.select == "Max"
+        return max(proposals) if biggest == up else min(proposals)

@@ -75,3 +75,12 @@ def test_min_and_max_bound_everything() -> None:
 def test_disabled_scale_down_never_removes() -> None:
     hpa = Hpa(1, 10, down=Rules(0.0, DEFAULT_DOWN.policies, select="Disabled"))
     assert run(hpa, 5, [(0.0, 0.1), (1000.0, 0.1)]) == [5, 5]
+
+
+def test_the_min_policy_takes_the_smallest_change() -> None:
+    up = Rules(0.0, (Policy("Percent", 100, 15.0), Policy("Pods", 4, 15.0)), select="Min")
+    down = Rules(0.0, (Policy("Percent", 50, 15.0), Policy("Pods", 1, 15.0)), select="Min")
+    # Up from 1 wanting 10: 100% gives 2, 4 pods 5; Min: 2. Down from 10 wanting 1: 50% leaves
+    # 5, 1 pod leaves 9; Min: 9.
+    assert Hpa(1, 20, up=up).step(0.0, 1, [10.0]) == 2
+    assert Hpa(1, 20, down=down).step(0.0, 10, [0.1]) == 9
