@@ -186,10 +186,12 @@ def _scaler(
     from tiergate.autoscale import PoolScaler
 
     first, profile, model, args = spawning
-    ports = iter(range(first, first + 10_000))
+    ports = iter(range(first, 65_536))
 
     def spawn() -> SimProcess:
-        p = next(ports)
+        # The next port nothing holds now (a client's connection may have taken one since the
+        # stack started: the scaler retries a simulator that could not bind, on another).
+        p = next(q for q in ports if _bindable(q))
         return SimProcess(port=p, profile=profile, args=["--model", model, *args],
                           log=logs / f"sim-{p}.log")  # fmt: skip
 
@@ -218,3 +220,14 @@ def _autoscaled(
             t = {**t, "replicas": {"minimum": latency, "maximum": latency}}
         out.append(t)
     return out
+
+
+def _bindable(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -34,11 +34,22 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _bindable(port: int) -> bool:
+    """Nothing holds the port: no listener, and no connection's end either (which a connect
+    would not see)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_run(n: int, taken: int) -> int:
     """The first of `n` consecutive free ports (the stack's simulators, those added too)."""
     while True:
         p = free_port()
-        if taken not in range(p, p + n) and not any(_port_open(q) for q in range(p, p + n)):
+        if taken not in range(p, p + n) and all(_bindable(q) for q in range(p, p + n)):
             return p
 
 
