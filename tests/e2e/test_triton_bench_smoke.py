@@ -27,6 +27,7 @@ def test_triton_bench_report_is_complete_and_consistent(tmp_path: Path) -> None:
                              "triton-grpc": 16, "gateway->triton-grpc": 18}  # fmt: skip
     assert [(c.kind, c.concurrency) for c in report.cells] == [
         ("small", 1), ("small", 64), ("stream", 1), ("stream", 16)]  # fmt: skip
+    assert sum(v for c in report.cells for v in c.gateway_cpu_ms.values()) > 0
     for cell in report.cells:
         assert list(cell.stats) == list(TARGETS)
         for s in cell.stats.values():
@@ -36,7 +37,8 @@ def test_triton_bench_report_is_complete_and_consistent(tmp_path: Path) -> None:
         for gw, direct in DIRECT.items():
             added = cell.added[gw]
             assert added.p50_ms == pytest.approx(cell.stats[gw].p50_ms - cell.stats[direct].p50_ms)
-            assert cell.gateway_cpu_ms[gw] > 0
+            # /proc counts CPU in ticks of 10 ms: a 0.3-s cell may see none.
+            assert cell.gateway_cpu_ms[gw] >= 0
         assert cell.translation_p50_ms == pytest.approx(
             cell.added["gateway->triton"].p50_ms - cell.added["gateway->vllm"].p50_ms
         )
