@@ -182,7 +182,7 @@ def _scaler(
 ) -> PoolScaler:
     """The pool's scaler, adopting the throughput simulators started already, and the file that
     lists them; `spawning`: the first port for new ones, their profile, model and arguments."""
-    from loadtests.harness.procs import SimProcess
+    from loadtests.harness.procs import SimProcess, bindable
     from tiergate.autoscale import PoolScaler
 
     first, profile, model, args = spawning
@@ -191,7 +191,7 @@ def _scaler(
     def spawn() -> SimProcess:
         # The next port nothing holds now (a client's connection may have taken one since the
         # stack started: the scaler retries a simulator that could not bind, on another).
-        p = next(q for q in ports if _bindable(q))
+        p = next(q for q in ports if bindable(q))
         return SimProcess(port=p, profile=profile, args=["--model", model, *args],
                           log=logs / f"sim-{p}.log")  # fmt: skip
 
@@ -220,14 +220,3 @@ def _autoscaled(
             t = {**t, "replicas": {"minimum": latency, "maximum": latency}}
         out.append(t)
     return out
-
-
-def _bindable(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -25,6 +25,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def bindable(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing holds `port`: no listener, and no connection's end either (which a connect would
+    not see)."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Poll `url` until it answers 200; fail early if `proc` died."""
     deadline = time.monotonic() + timeout

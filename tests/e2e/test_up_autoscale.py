@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from loadtests.harness.procs import free_port, wait_http
+from loadtests.harness.procs import bindable, free_port, wait_http
 
 # Bounds on time and CPU: run after the parallel tests, alone (scripts/test).
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
@@ -34,22 +34,11 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _bindable(port: int) -> bool:
-    """Nothing holds the port: no listener, and no connection's end either (which a connect
-    would not see)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _free_run(n: int, taken: int) -> int:
     """The first of `n` consecutive free ports (the stack's simulators, those added too)."""
     while True:
         p = free_port()
-        if taken not in range(p, p + n) and all(_bindable(q) for q in range(p, p + n)):
+        if taken not in range(p, p + n) and all(bindable(q) for q in range(p, p + n)):
             return p
 
 
