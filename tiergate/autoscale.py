@@ -109,7 +109,8 @@ class PoolScaler:
                 self.replicas.append(_Replica(sim, self._pool.submit(sim.start, timeout)))
                 log.info("%s: desired %d, starting %s", self.tier, desired, sim.url)
         elif desired < len(serving) and not starting:
-            self._fewer_since = self._fewer_since if self._fewer_since is not None else now
+            if self._fewer_since is None:
+                self._fewer_since = now
             if now - self._fewer_since >= self.down_after_s:
                 serving[-1].leaving = True
                 self._fewer_since = None

@@ -62,7 +62,7 @@ class Planning:
     # -- one plan ----------------------------------------------------------------------------
     def supplies(self) -> list[TierSupply]:
         """Each tier as the planner sees it now: its learned curves, bounds and cost."""
-        curves = self.registry.snapshot().curves
+        curves = self.registry.curves  # the learner's latest, as routing's snapshot takes them
         learned: dict[str, list[Prediction]] = {t.name: [] for t in self.tiers}
         current = dict.fromkeys(learned, 0)
         for e in self.registry:
