@@ -248,6 +248,14 @@ def test_forty_streams_cap_the_latency_tier_and_spread_the_rest(stack: Stack) ->
     lat = stack.latency[0].url
     peak = 0.0
 
+    def seen_idle() -> bool:
+        # The gateway's own view of the latency instance: a stream cancelled just before (the
+        # test above) may still have been running in the engine when the last scrape came, and
+        # that reads as a client beside the gateway until the next one.
+        return total(families(gw), "tiergate_backend_queue_depth", backend=lat) == 0
+
+    assert wait_until(seen_idle, "the gateway sees the latency instance idle", timeout_s=10)
+
     async def run() -> list[httpx.Response]:
         nonlocal peak
         body = BODY | {"max_tokens": 256, "stream": True}
