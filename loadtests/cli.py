@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "crossover": "loadtests.crossover",
     "routing": "loadtests.routing",
     "routing-sim": "loadtests.routing_sim",
+    "autoscale": "loadtests.autoscale",
     "decision-cost": "loadtests.decision_cost",
     "overhead": "loadtests.overhead",
     "instructions": "loadtests.instructions",

@@ -213,6 +213,8 @@ class Monitor:
         """Record one scrape's result at `now`: load figures, or a failure; eject, re-admit.
         `ours`: the gateway's requests the engine held when it counted (None: as many as are in
         flight now)."""
+        if entry.url not in self._watch:  # joined since the last round
+            self._follow()
         w, st = self._watch[entry.url], entry.live
         probing = st.down
         if isinstance(result, ScrapeFailed):

@@ -34,8 +34,9 @@ import itertools
 import random
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from engines.sim.prefix import block_hashes
 from engines.sim.profile import Profile, load_profile
@@ -57,7 +58,9 @@ __all__ = [
     "Done",
     "RunResult",
     "RunSpec",
+    "SimEngine",
     "TracePoint",
+    "commit_step",
     "simulate",
 ]
 
@@ -160,7 +163,7 @@ class RunResult:
 class _Request:
     user: int
     ex: Exchange
-    engine: _Engine
+    engine: SimEngine
     seq: Sequence
     turn: int = 0
     tokens: tuple[str, ...] = ()  # prompt + output, for the conversation's next turn
@@ -178,7 +181,7 @@ class _Conversation:
 
 
 @dataclass(slots=True, eq=False)
-class _Engine:
+class SimEngine:
     """One simulated engine and what its metrics page says."""
 
     entry: BackendEntry
@@ -206,6 +209,41 @@ class _Engine:
             success_total=self.finished, generation_tokens=self.generated,
             itl_sum=self.itl_sum, itl_count=self.itl_count,
         )}  # fmt: skip
+
+
+class _HasExchange(Protocol):
+    ex: Exchange
+
+
+R = TypeVar("R", bound=_HasExchange)
+
+
+def commit_step(e: SimEngine, step: Any, now: float, requests: Mapping[Sequence, R]) -> list[R]:
+    """A step of engine `e` ends at `now`: the engine's counters, and the timings of each
+    request of `requests` it emitted for; returns those it finished, in the engine's order."""
+    e.stepping = False
+    finished = []
+    before = {s: s.last_token_at for s in (*step.decodes, *step.prefills)}
+    for em in e.sched.commit(step, now):
+        seq = em.seq
+        last = before.get(seq)
+        if last is not None:  # vLLM's inter-token latency: one sample per later emission
+            e.itl_sum += now - last
+            e.itl_count += 1
+        e.generated += em.tokens
+        req = requests.get(seq)
+        if req is None:
+            continue
+        ex = req.ex
+        if ex.first_text_at is None:
+            ex.first_text_at = now
+            ex.busy_mark = e.entry.busy_mark(now)  # the first byte (gateway.pipeline.upstream)
+        ex.last_text_at = now
+        ex.text_events += 1
+        if em.finished:
+            e.finished += 1
+            finished.append(req)
+    return finished
 
 
 async def _discard(_message: Any) -> None:  # the client's ASGI send: nobody listens
@@ -247,11 +285,11 @@ class _Sim:
         self.learn = spec.policy == "learned"
         parts = core(self.settings, self.registry, None, self.learn)
         self.learner, self.monitor, self.router = parts.learner, parts.monitor, parts.router
-        self.engines: list[_Engine] = []
+        self.engines: list[SimEngine] = []
         for i, (url, _tier, _role, name) in enumerate(urls):
             profile = load_profile(name)
             sched = Scheduler(profile, random.Random(spec.seed * 7919 + i))
-            self.engines.append(_Engine(self.registry.entry(url), profile, sched))
+            self.engines.append(SimEngine(self.registry.entry(url), profile, sched))
         self.by_url = {e.entry.url: e for e in self.engines}
         self.requests: dict[Sequence, _Request] = {}
         self.busy_users: set[int] = set()
@@ -269,7 +307,7 @@ class _Sim:
         self.homes = Homes(params.affinity_keys, params.affinity_ttl_s, self.clock)
         self.talks: dict[int, _Conversation] = {}
         self.system = tuple(f"s{i}" for i in range(spec.system_tokens))
-        self.dirty: set[_Engine] = set()
+        self.dirty: set[SimEngine] = set()
         self.areas: list[dict[str, float]] = []  # lease integrals at each phase's start
 
     def clock(self) -> float:
@@ -330,31 +368,11 @@ class _Sim:
             if u not in self.busy_users:
                 self.send(u)
 
-    def step_end(self, payload: tuple[_Engine, Any]) -> None:
+    def step_end(self, payload: tuple[SimEngine, Any]) -> None:
         e, step = payload
-        e.stepping = False
         self.dirty.add(e)
-        now = self.now
-        before = {s: s.last_token_at for s in (*step.decodes, *step.prefills)}
-        for em in e.sched.commit(step, now):
-            seq = em.seq
-            last = before.get(seq)
-            if last is not None:  # vLLM's inter-token latency: one sample per later emission
-                e.itl_sum += now - last
-                e.itl_count += 1
-            e.generated += em.tokens
-            req = self.requests.get(seq)
-            if req is None:
-                continue
-            ex = req.ex
-            if ex.first_text_at is None:
-                ex.first_text_at = now
-                ex.busy_mark = e.entry.busy_mark(now)  # the first byte (gateway.pipeline.upstream)
-            ex.last_text_at = now
-            ex.text_events += 1
-            if em.finished:
-                e.finished += 1
-                self.finish(req)
+        for req in commit_step(e, step, self.now, self.requests):
+            self.finish(req)
 
     def finish(self, req: _Request) -> None:
         now, ex, entry = self.now, req.ex, req.engine.entry
