@@ -11,6 +11,10 @@ last tier takes the rest. With one tier before the last (a latency tier before t
 greedy fill is the optimum of the fractional assignment, so the search is exact for the counts;
 with more it is a good order, not a proof. The cheapest plan wins; on a tie, the fewest replicas,
 then the fewest of the earlier tiers.
+
+A class no tier serves within its SLO is reported unmet, and still planned for: its requests
+are answered as well as can be, beside the loosest class served, so they are counted at that
+class's SLO (`_best_effort`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gateway.planner.capacity import tier_capacity
@@ -103,8 +107,11 @@ def plan(tiers: Sequence[TierSupply], classes: Sequence[ClassDemand], params: Pl
               for c in classes}  # fmt: skip
     caps = [_capacities(t, classes, params) for t in tiers]
     served = {c.name for c in classes if any(cap[c.name] > 0 for cap in caps)}
-    want = {name: d for name, d in demand.items() if d > 0 and name in served}
     unmet = tuple(sorted(n for n, d in demand.items() if d > 0 and n not in served))
+    for cap, extra in zip(caps, _best_effort(tiers, classes, served, params), strict=True):
+        cap.update(extra)
+    want = {name: d for name, d in demand.items()
+            if d > 0 and any(cap[name] > 0 for cap in caps)}  # fmt: skip
 
     *first, last = tiers
 
@@ -170,6 +177,25 @@ def _capacities(
     preds = tier.curves or ((tier.prior,) if tier.prior is not None else ())
     return {c.name: tier_capacity(preds, c.slo, c.output_tokens, params.attainment,
                                   tier.max_streams) for c in classes}  # fmt: skip
+
+
+def _best_effort(
+    tiers: Sequence[TierSupply], classes: Sequence[ClassDemand], served: set[str],
+    params: PlanParams,
+) -> list[dict[str, float]]:  # fmt: skip
+    """Per tier, the capacity for each class no tier serves within its SLO, read at the SLO of
+    the loosest class served: such requests are still answered as well as can be, their
+    streams beside those of the classes served, which must keep their SLOs with them there (a
+    plan that left them out counted on slots they take)."""
+    out: list[dict[str, float]] = [{} for _ in tiers]
+    loose = max((c.slo for c in classes if c.name in served),
+                key=lambda slo: (slo.tpot_s, slo.ttft_s), default=None)  # fmt: skip
+    if loose is None:
+        return out
+    stand_ins = [replace(c, slo=loose) for c in classes if c.name not in served]
+    for tier, extra in zip(tiers, out, strict=True):
+        extra.update(_capacities(tier, stand_ins, params))
+    return out
 
 
 def _left_for_last(rest: Mapping[str, float], cap: Mapping[str, float]) -> tuple[float, set[str]]:

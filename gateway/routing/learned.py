@@ -155,14 +155,18 @@ def _outlook(
     gain = (0.5 * (known + then_sum) + p) / tpot
     if n:
         gain -= 0.5 * (known + now_sum) / now
+    # A queue in the engine is as full on the latency tier as in the pool: past the engine's
+    # batch limit a stream waits for a slot, which the TTFT curve (learned where streams ran)
+    # does not show, and a backend whose streams all miss their SLO already loses nothing by
+    # one more, so without this it would draw every request while its queue grows.
     full = ttft > params.full_ttft_factor * slo.ttft_s or (
-        b.role is _THROUGHPUT and not load.stale and load.waiting > params.max_waiting
+        not load.stale and load.waiting > params.max_waiting
     )
     return tpot, ttft, p, gain, full, n, n >= pred.frontier
 
 
 # Read once at import: an enum member read through its class costs a lookup per candidate.
-_LATENCY, _THROUGHPUT = Role.LATENCY, Role.THROUGHPUT
+_LATENCY = Role.LATENCY
 
 
 @dataclass(frozen=True, slots=True)

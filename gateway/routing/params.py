@@ -70,8 +70,9 @@ class PolicyParams(BaseModel):
     max_waiting: int = Field(
         default=8,
         ge=0,
-        description="A throughput backend whose fresh scrape shows more queued requests than"
-        " this is saturated; 0: any queued request saturates it.",
+        description="A backend whose fresh scrape shows more queued requests than this is"
+        " saturated (under the fixed policies a throughput backend; their latency tier stops at"
+        " latency_hard_cap); 0: any queued request saturates it.",
     )
     p2c_min_pool: int = Field(
         default=4,

@@ -277,7 +277,7 @@ def build(
             }  # fmt: skip
     report: dict[str, Any] = {
         "command": opts.command(), "code": code, "wall_s": wall, "nproc": os.cpu_count(),
-        "ceilings": ceilings, "cells": cells,
+        "ceilings": ceilings, "cells": cells, "time_scale": opts.time_scale,
         "deployments": {d: DEPLOYMENTS[d].about for d in opts.deployments},
         "traces": {t: TRACES[t].about for t in opts.traces},
     }  # fmt: skip
@@ -410,8 +410,11 @@ def write(out: Path, report: dict[str, Any]) -> None:
             f"- `{d}`: {about}; one pool replica's ceiling "
             f"{report['ceilings'][d]:.2f} requests/s (the traces' unit)"
         )
+    scale = report.get("time_scale", 1.0)
     for t, about in report["traces"].items():
-        parts.append(f"- `{t}`: {about}")
+        parts.append(f"- `{t}`: {about}" + (f" (here every length x {scale:g}; the start-up "
+                                              "delays and the HPA's windows are not scaled)"
+                                              if scale != 1.0 else ""))
     parts.append(
         "- Each cell: per arm the median over seeds, then each seed's value. "
         "Attainment: the share of a class's requests that met both its TTFT and TPOT "

@@ -140,11 +140,20 @@ def tight(rate: float) -> ClassDemand:
             (3, 1),
             (),
         ),
+        # Nothing serves the tight class within 10 ms: unmet, and still answered, by the pool
+        # beside the standard class, so planned at 25 ms there: 80 / 30.5 = 2.6 -> 3.
         (
             "a tier with neither: its minimum",
             tiers(lat_curves=False, lat_prior=False),
             [tight(30), standard(50)],
-            (1, 2),
+            (1, 3),
+            ("tight",),
+        ),
+        (
+            "nothing served at all: nothing to plan it beside",
+            tiers(lat_curves=False, lat_prior=False),
+            [tight(30)],
+            (1, 1),
             ("tight",),
         ),
         ("more than the maximum", tiers(maximum=2), [tight(30)], (2, 2), ("tight",)),

@@ -223,6 +223,30 @@ def test_a_long_scraped_queue_is_full_as_for_every_policy() -> None:
     assert why == Reason.HEADROOM
 
 
+@pytest.mark.parametrize(
+    ("l0", "latency_first", "why"),
+    [
+        # Past its batch limit with a queue: every stream there misses its SLO already, so one
+        # more loses nothing there, and it drew every request (its queue growing) while the
+        # pool, at its edge, would lose output by one more. Full: last, after the pool.
+        (load(256, 1000, inflight=1256), False, Reason.HEADROOM),
+        (load(256, 9), False, Reason.HEADROOM),  # just past max_waiting (8)
+        (load(20, 8), True, Reason.PREDICTED_SLO_MET),  # a queue within it: not full
+        # A stale scrape's queue is old news: the in-flight count alone (20) ranks it.
+        (load(256, 1000, inflight=20, stale=True), True, Reason.PREDICTED_SLO_MET),
+    ],
+)
+def test_a_queue_in_a_latency_engine_is_full_as_in_a_pool_engine(
+    l0: BackendLoad, latency_first: bool, why: str
+) -> None:
+    edge = next(n for n in range(1, 400) if awq().tpot.at(n + 1) > STANDARD.tpot_s)
+    at_edge = BackendLoad(running=edge, slos=((STANDARD.tpot_s, edge),))
+    order, reason = decide(snapshot(l0, at_edge, at_edge), STANDARD)
+    assert (order[0] == L0.url, reason) == (latency_first, why)
+    if not latency_first:
+        assert order[-1] == L0.url
+
+
 def test_pinned_requests_stay_in_their_tier() -> None:
     order, why = decide(snapshot(load(0), load(0), load(0)), STANDARD, pinned=Role.THROUGHPUT)
     assert set(order) == {T0.url, T1.url}
