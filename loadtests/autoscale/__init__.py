@@ -44,14 +44,7 @@ def command(
     from loadtests.autoscale import study
     from loadtests.autoscale.arms import ARMS
     from loadtests.autoscale.traces import TRACES
-
-    def pick(names: list[str] | None, known: tuple[str, ...], what: str) -> tuple[str, ...]:
-        unknown = [n for n in names or () if n not in known]
-        if unknown:
-            raise typer.BadParameter(
-                f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}"
-            )
-        return tuple(names) if names else known
+    from loadtests.common.options import pick
 
     study.run(study.Options(
         deployments=pick(deployment, tuple(study.DEPLOYMENTS), "deployment")

@@ -53,7 +53,14 @@ from gateway.routing import Role, Slo
 from gateway.serve.assembly import core
 from gateway.serve.planning import Planning
 from loadtests.autoscale.traces import Arrival, Klass, Trace, arrivals
-from loadtests.routing_sim.cosim import ENDPOINT, MODEL, SimEngine, commit_step
+from loadtests.routing_sim.cosim import (
+    ENDPOINT,
+    MODEL,
+    SimEngine,
+    client_view,
+    commit_step,
+    plan_steps,
+)
 
 __all__ = ["TIERS", "Replica", "Run", "Scaler", "Served", "Spec", "simulate"]
 
@@ -310,16 +317,8 @@ class Elastic:
             self.push(a.at, _REQUEST, a)
 
     def kick(self) -> None:
-        for e in sorted(self.dirty, key=lambda e: e.entry.url):
-            if e.stepping:
-                continue
-            step = e.sched.plan(self.now)
-            e.running, e.waiting = len(e.sched.running), len(e.sched.waiting)
-            e.kv_usage = e.sched.kv_usage
-            if step is not None:
-                e.stepping = True
-                self.push(self.now + step.duration, _STEP_END, (e, step))
-        self.dirty.clear()
+        for e, step in plan_steps(self.dirty, self.now):
+            self.push(self.now + step.duration, _STEP_END, (e, step))
 
     def scrape(self) -> None:
         now = self.now
@@ -384,13 +383,7 @@ class Elastic:
         if replica.leaving is not None and not entry.busy:
             replica.gone = now
         del self.requests[req.seq]
-        assert ex.first_text_at is not None
-        assert ex.last_text_at is not None
-        ttft = ex.first_text_at - ex.started
-        tokens = ex.output_tokens
-        tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1) if tokens > 1 else 0.0
-        slo = ex.slo
-        met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
+        ttft, tpot, met = client_view(ex)
         self.ended = now
         self.served.append(Served(req.klass, ex.started, replica.tier, ttft, tpot, met,
                                   now - ex.started))  # fmt: skip

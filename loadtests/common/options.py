@@ -23,6 +23,17 @@ def known(names: list[str] | None, allowed: Sequence[str]) -> list[str] | None:
     return names
 
 
+def pick(names: list[str] | None, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """`names`, each one of `allowed` (all of them when none are given); a usage error naming
+    the `what` that are not."""
+    unknown = [n for n in names or () if n not in allowed]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}"
+        )
+    return tuple(names) if names else allowed
+
+
 def without(argv: list[str], option: str) -> list[str]:
     """`argv` without `option` and its value: a folder of this machine says nothing in a report."""
     out, skip = [], False

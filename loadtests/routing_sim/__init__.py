@@ -56,16 +56,9 @@ def command(
     """The routing policies on a virtual clock: the gateway's policies and latency model
     driving the simulator's scheduler, over deployments x shapes x SLO classes x seeds, with
     the oracle's sweep of latency-tier limits."""
+    from loadtests.common.options import pick
     from loadtests.harness.phases import SHAPES
     from loadtests.routing_sim import study
-
-    def pick(names: list[str] | None, known: tuple[str, ...], what: str) -> tuple[str, ...]:
-        unknown = [n for n in names or () if n not in known]
-        if unknown:
-            raise typer.BadParameter(
-                f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}"
-            )
-        return tuple(names) if names else known
 
     if workload not in study.WORKLOADS:
         raise typer.BadParameter(f"unknown workload {workload}; choose from one-off, chat")

@@ -60,7 +60,9 @@ __all__ = [
     "RunSpec",
     "SimEngine",
     "TracePoint",
+    "client_view",
     "commit_step",
+    "plan_steps",
     "simulate",
 ]
 
@@ -246,6 +248,35 @@ def commit_step(e: SimEngine, step: Any, now: float, requests: Mapping[Sequence,
     return finished
 
 
+def plan_steps(dirty: set[SimEngine], now: float) -> list[tuple[SimEngine, Any]]:
+    """Each engine of `dirty` not mid-step plans its next step at `now` and publishes its
+    gauges (as engines.sim.engine does at a plan); returns the steps begun, to end after their
+    duration. Empties `dirty`."""
+    begun = []
+    for e in sorted(dirty, key=lambda e: e.entry.url):
+        if e.stepping:
+            continue
+        step = e.sched.plan(now)
+        e.running, e.waiting = len(e.sched.running), len(e.sched.waiting)
+        e.kv_usage = e.sched.kv_usage
+        if step is not None:
+            e.stepping = True
+            begun.append((e, step))
+    dirty.clear()
+    return begun
+
+
+def client_view(ex: Exchange) -> tuple[float, float, bool]:
+    """A finished stream's TTFT and TPOT as its client measured them, and whether both met
+    its SLO."""
+    assert ex.first_text_at is not None
+    assert ex.last_text_at is not None
+    ttft = ex.first_text_at - ex.started
+    tokens = ex.output_tokens or 0
+    tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1) if tokens > 1 else 0.0
+    return ttft, tpot, ttft <= ex.slo.ttft_s and tpot <= ex.slo.tpot_s
+
+
 async def _discard(_message: Any) -> None:  # the client's ASGI send: nobody listens
     return None
 
@@ -349,16 +380,8 @@ class _Sim:
     def kick(self) -> None:
         """Engines that are not mid-step plan their next one, once every event of this instant
         is in (so simultaneous arrivals join the same step)."""
-        for e in sorted(self.dirty, key=lambda e: e.entry.url):
-            if e.stepping:
-                continue
-            step = e.sched.plan(self.now)
-            e.running, e.waiting = len(e.sched.running), len(e.sched.waiting)
-            e.kv_usage = e.sched.kv_usage
-            if step is not None:
-                e.stepping = True
-                self.push(self.now + step.duration, _STEP_END, (e, step))
-        self.dirty.clear()
+        for e, step in plan_steps(self.dirty, self.now):
+            self.push(self.now + step.duration, _STEP_END, (e, step))
 
     def phase(self, k: int) -> None:
         self.areas.append({e.entry.url: e.entry.busy_mark(self.now)[0] for e in self.engines})
@@ -393,15 +416,9 @@ class _Sim:
             if talk.turn >= self.spec.turns:
                 del self.talks[req.user]
         del self.requests[req.seq]
-        assert ex.first_text_at is not None
-        assert ex.last_text_at is not None
-        ttft = ex.first_text_at - ex.started
-        tokens = ex.output_tokens
-        tpot = (ex.last_text_at - ex.first_text_at) / (tokens - 1) if tokens > 1 else 0.0
-        slo = ex.slo
+        ttft, tpot, met = client_view(ex)
         end = self.spec.duration
         phase = int(now // self.spec.phase_s) if now < end else None
-        met = ttft <= slo.ttft_s and tpot <= slo.tpot_s
         self.done.append(Done(phase, now, entry.backend.role, ttft, tpot, met, ex.decision.reason,
                               req.turn, stayed, req.seq.cached_tokens))  # fmt: skip
         self.busy_users.discard(req.user)
