@@ -28,7 +28,7 @@ from loadtests.autoscale.cosim import TIERS, Elastic, Replica, Scaler
 from loadtests.autoscale.hpa import Hpa, Policy, Rules
 from loadtests.autoscale.traces import SPREAD
 
-__all__ = ["ARMS", "Planner", "QueueHpa", "TutorialHpa", "arm"]
+__all__ = ["ARMS", "Planner", "QueueHpa", "TutorialHpa"]
 
 # deploy/k8s/hpa.yaml's behaviour.
 TUTORIAL_UP: Final = Rules(0.0, (Policy("Pods", 2, 60.0),))
@@ -61,13 +61,14 @@ class _PoolHpa(Scaler):
         self.hpa = Hpa(lo, hi, TUTORIAL_UP, TUTORIAL_DOWN)
         self.latency = sim.spec.start[0]
 
-    def ratios(self, sim: Elastic, pods: list[Replica], now: float) -> list[float]:
+    def ratios(self, pods: list[Replica], now: float) -> list[float]:
+        """Each metric's per-pod average over its target, from the pods that serve."""
         raise NotImplementedError
 
     def desired(self, sim: Elastic, now: float) -> tuple[int, int]:
         mine = sim.tier_replicas("throughput")
         serving = [r for r in mine if r.ready]
-        ratios = self.ratios(sim, serving, now) if serving else []
+        ratios = self.ratios(serving, now) if serving else []
         return self.latency, self.hpa.step(now, len(mine), ratios)
 
 
@@ -79,7 +80,7 @@ class TutorialHpa(_PoolHpa):
         sla = max(c.ttft_s + (1 + SPREAD) * c.output_tokens * c.tpot_s for c in spec.classes)
         self.p99_target = SLA_SHARE * sla
 
-    def ratios(self, sim: Elastic, pods: list[Replica], now: float) -> list[float]:
+    def ratios(self, pods: list[Replica], now: float) -> list[float]:
         windows = [_window(r, now) for r in pods]
         rps = sum(len(w) for w in windows) / WINDOW_S / len(pods)
         p99s = [_p99(w) for w in windows if w]  # a pod with none: no series, not averaged
@@ -90,7 +91,7 @@ class TutorialHpa(_PoolHpa):
 
 
 class QueueHpa(_PoolHpa):
-    def ratios(self, sim: Elastic, pods: list[Replica], now: float) -> list[float]:
+    def ratios(self, pods: list[Replica], now: float) -> list[float]:
         waiting = [r.engine.waiting for r in pods if r.engine is not None]
         return [sum(waiting) / len(waiting) / QUEUE_TARGET]
 
@@ -113,7 +114,3 @@ class Planner(Scaler):
 
 
 ARMS: Final = {"tutorial-hpa": TutorialHpa, "queue-hpa": QueueHpa, "planner": Planner}
-
-
-def arm(name: str) -> type[Scaler]:
-    return ARMS[name]

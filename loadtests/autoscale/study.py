@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -31,8 +30,8 @@ from gateway.routing import Slo
 from loadtests.autoscale.arms import ARMS
 from loadtests.autoscale.cosim import TIERS, Run, Spec, simulate
 from loadtests.autoscale.traces import TRACES, Klass
-from loadtests.common.report import markdown_table, revision
-from loadtests.common.stats import rotation
+from loadtests.common.report import markdown_table, print_tables, revision
+from loadtests.common.stats import median, rotation
 from loadtests.routing_sim.cosim import RunSpec
 from loadtests.routing_sim.cosim import simulate as closed_loop
 
@@ -233,11 +232,6 @@ def _share(met: Sequence[int], served: Sequence[int]) -> float:
     return sum(met) / n if n else math.nan
 
 
-def _med(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return statistics.median(finite) if finite else math.nan
-
-
 def build(
     opts: Options, done: Sequence[tuple[Task, Summary]], ceilings: dict[str, float],
     wall: float, code: dict[str, Any],
@@ -268,12 +262,12 @@ def build(
         for arm in cell["arms"].values():
             seeds = arm["seeds"]
             arm["median"] = {
-                "gpu_h_total": _med([x["gpu_h_total"] for x in seeds]),
-                "gpu_h": [_med([x["gpu_h"][i] for x in seeds]) for i in range(len(TIERS))],
-                "attainment": [_med([x["attainment"][i] for x in seeds]) for i in range(k)],
-                "flash_attainment": [_med([x["flash_attainment"][i] for x in seeds])
+                "gpu_h_total": median([x["gpu_h_total"] for x in seeds]),
+                "gpu_h": [median([x["gpu_h"][i] for x in seeds]) for i in range(len(TIERS))],
+                "attainment": [median([x["attainment"][i] for x in seeds]) for i in range(k)],
+                "flash_attainment": [median([x["flash_attainment"][i] for x in seeds])
                                      for i in range(k)],
-                "worst_minute": _med([x["worst_minute"] for x in seeds]),
+                "worst_minute": median([x["worst_minute"] for x in seeds]),
             }  # fmt: skip
     report: dict[str, Any] = {
         "command": opts.command(), "code": code, "wall_s": wall, "nproc": os.cpu_count(),
@@ -312,16 +306,16 @@ def goals(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if cell["trace"] == "diurnal" and "tutorial-hpa" in arms:
             ratios = _paired(cell, "planner", "tutorial-hpa", "gpu_h_total")
             gaps = _attainment_gap(cell, "planner", "tutorial-hpa")
-            held = all(_med(g) >= -(max(g) - min(g)) - 1e-9 for g in gaps if g)
-            saving = 1 - _med(ratios)
+            held = all(median(g) >= -(max(g) - min(g)) - 1e-9 for g in gaps if g)
+            saving = 1 - median(ratios)
             verdict = "MET" if saving >= GOAL_GPU_SAVING and held else "NOT MET"
             out.append({
                 "goal": f"{name}: planner >= 20% fewer GPU-hours than tutorial-hpa at equal or "
                         "better attainment per class",
-                "measured": f"GPU-hours x{_med(ratios):.3f} (seeds "
+                "measured": f"GPU-hours x{median(ratios):.3f} (seeds "
                             + ", ".join(f"{r:.3f}" for r in ratios) + "); attainment gap per "
                             "class " + "; ".join(
-                                f"{c} {_med(g):+.3f} [{min(g):+.3f}, {max(g):+.3f}]"
+                                f"{c} {median(g):+.3f} [{min(g):+.3f}, {max(g):+.3f}]"
                                 for c, g in zip(cell["classes"], gaps, strict=True) if g),
                 "verdict": verdict,
             })  # fmt: skip
@@ -377,8 +371,6 @@ def sections(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str
 
 
 def print_report(console: Console, report: dict[str, Any]) -> None:
-    from loadtests.common.report import print_tables
-
     print_tables(sections(report), console, left=("arm", "goal", "measured"))
     console.print(f"{report['wall_s']:.0f} s of wall time on {report['nproc']} CPUs")
 
