@@ -68,7 +68,7 @@ def snapshot(backends: int = 3) -> LoadSnapshot:
         n = _INFLIGHT // backends + (i < _INFLIGHT % backends)
         tight = n // 4
         out.append(b)
-        loads[b.url] = BackendLoad(running=n, inflight=n, slos=((0.025, n - tight), (0.012, tight)))
+        loads[b.url] = BackendLoad(running=n, inflight=n, slos=((0.012, tight), (0.025, n - tight)))
         curves[b.url] = models[role]
     return LoadSnapshot(tuple(out), loads, 0.0, curves)
 

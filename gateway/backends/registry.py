@@ -127,7 +127,8 @@ class BackendEntry:
             counts[slo] = left
         else:
             counts.pop(slo, None)
-        self.slos = tuple(counts.items())
+        # Tightest first: a decision sees at the first whether a tighter class is in flight.
+        self.slos = tuple(sorted(counts.items()))
 
     @functools.cached_property
     def auth(self) -> dict[str, str]:

@@ -129,6 +129,11 @@ class Prediction:
     # probability (1 + erf((ln s + offset) x z_scale)) / 2, the two read once per candidate.
     offset: tuple[float, ...] = field(init=False, repr=False, compare=False)
     z_scale: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    # gateway.routing.learned.most_streams per ln SLO, as computed: a search the same for every
+    # decision until the model learns again (a cache of a function of the fields above).
+    limits: dict[float, int] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "offset", tuple(

@@ -29,6 +29,14 @@ evidence; many streams past it are a gamble the gain prices. A backend nothing i
 tried once, as good as the best known one for a first stream, ranking after a known backend of
 equal gain (the latency tier first among unknowns): a cold start serves its first requests from
 the tier the operator called fast, and tries the others when there is a second request to spare.
+
+Several classes at once (open traffic): a request of a looser class does not take the room a
+tighter class in flight needs on a backend where that class is placed (before its knee and
+within its SLO), when another backend meets the request's SLO without loss
+(`kept_for_tighter`, a trunk reservation: the tighter class's streams not yet there, and a guard
+for those still to come). Without it, 25 ms requests filled EAGLE to its knee while 12 ms
+requests, which only EAGLE meets, went to a pool that could not.
+
 With probability `explore_rate` a backend whose model has had no observation for
 `explore_after_s` goes first, so a tier that lost its traffic (EAGLE accepting little) is noticed
 when it recovers.
@@ -192,6 +200,161 @@ def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
     return math.inf if best == -math.inf else best
 
 
+# A class at most this share of the request's TPOT SLO counts as tighter (a few percent apart
+# is the same class measured twice).
+TIGHTER = 0.9
+
+
+def tighter_in_flight(loads: Sequence[BackendLoad], tpot_s: float) -> dict[float, int]:
+    """The TPOT SLOs tighter than `tpot_s` (by `TIGHTER`) among the streams in flight on
+    `loads`, with their counts."""
+    bound = tpot_s * TIGHTER
+    found: dict[float, int] = {}
+    for load in loads:
+        for s, count in load.slos:
+            if s < bound:
+                found[s] = found.get(s, 0) + count
+    return found
+
+
+# The chance a tighter class's stream may find no room left for it on a backend kept for it.
+BLOCKED = 0.01
+# The most streams a search for a class's limit on one backend looks at.
+_MOST = 4096
+# The most SLOs a prediction remembers its limits for (SLOs come from requests' headers).
+_REMEMBERED = 64
+
+
+def most_streams(log_slo: float, pred: Prediction) -> int:
+    """The most streams a backend holds where one more of a class with a TPOT SLO of
+    exp(`log_slo`) is still placed there: its streams meet the SLO (one in two at least) and
+    one more adds output per second (before the knee, past which the policy sends it elsewhere
+    for the output it would cost). 0: not even one. Searched as if TPOT rises with the streams
+    and output per second rises, then falls (a roofline); remembered by the prediction."""
+    memo = pred.limits
+    found = memo.get(log_slo)
+    if found is None:
+        if len(memo) >= _REMEMBERED:
+            memo.clear()
+        found = memo[log_slo] = _most_streams(log_slo, pred)
+    return found
+
+
+def _most_streams(log_slo: float, pred: Prediction) -> int:
+    def placed(n: int) -> bool:
+        if met(log_slo, n, pred) < 0.5:
+            return False
+        if n == 1:
+            return True
+        now, before = pred.tpot.at(n), pred.tpot.at(n - 1)
+        return n * max(before, _FLOOR) >= (n - 1) * max(now, _FLOOR)
+
+    if not placed(1):
+        return 0
+    lo, hi = 1, 2
+    while hi < _MOST and placed(hi):
+        lo, hi = hi, hi * 2
+    if hi >= _MOST:
+        return _MOST
+    while hi - lo > 1:  # placed at lo, not at hi
+        mid = (lo + hi) // 2
+        if placed(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def guard(streams: float, limit: int) -> int:
+    """Free slots to keep for a class with `streams` in flight where it meets its SLO up to
+    `limit` streams: as trunk reservation in a telephone exchange, looser streams stop
+    `guard` short of the limit. Above them the class's own streams come and go as a queue of
+    load streams / limit, which reaches `guard` more with a chance of load ** guard: at most
+    BLOCKED. All of it when the class alone would fill the backend."""
+    load = streams / limit
+    if load >= 1.0:
+        return limit
+    return min(limit, max(1, math.ceil(math.log(BLOCKED) / math.log(load))))
+
+
+def kept_for_tighter(
+    preds: Sequence[Prediction | None],
+    loads: Sequence[BackendLoad],
+    i: int,
+    tighter: dict[float, int],
+) -> bool:
+    """Whether one more stream of a looser class on candidate `i` would leave too little room
+    for the streams of the `tighter` classes (`tighter_in_flight`) that belong there.
+
+    Open traffic of several classes: a loose request that fills a fast backend to its own knee
+    takes the room a tighter class needed, which often nothing else can serve, and it gains
+    its own class nothing where a slower backend meets its SLO too. A tighter class's streams
+    in flight (anywhere among the candidates: those on a backend that cannot serve them wait
+    there for room) are shared out among the candidates where the class is placed at all
+    (`most_streams`); the candidate is kept for them when its streams, with the request, its
+    share of them not there yet and a `guard` for those still to come, would be more than
+    `most_streams` of a class there."""
+    pred, load = preds[i], loads[i]
+    if pred is None or not pred.frontier:
+        return False
+    at = load.effective + 1
+    needs: list[tuple[int, float]] = []  # (the class's limit there, its streams expected there)
+    for s, total in tighter.items():
+        log_s = math.log(s)
+        limit = most_streams(log_s, pred)
+        if not limit:
+            continue
+        able = 0
+        for other in preds:
+            if other is not None and other.frontier and most_streams(log_s, other):
+                able += 1
+        share = total / able
+        own = 0
+        for slo, count in load.slos:
+            if slo == s:
+                own += count
+        if share > own:
+            at += math.ceil(share - own - 1e-9)
+        needs.append((limit, share if share > own else own))
+    for limit, streams in needs:  # noqa: SIM110 (a generator costs more than the rest here)
+        if at + guard(streams, limit) > limit:
+            return True
+    return False
+
+
+def _keep_for_tighter(
+    keys: list[tuple[int, float, float, int, bool, float, int]],
+    outlooks: Sequence[tuple[float, float, float, float, bool, int, bool]],
+    preds: Sequence[Prediction | None],
+    loads: Sequence[BackendLoad],
+    slo: Slo,
+) -> bool:
+    """Where the first choice in `keys` (sorted) is kept for tighter classes
+    (`kept_for_tighter`), move it, and the next ones kept too, after the first candidate that
+    meets the request's SLO without loss and is kept for none (`keys` sorted again); where
+    there is none, the request takes the room. Whether anything moved. (The failover order
+    after the first choice is left as it is: a class's limit on a backend costs a search.)"""
+    tighter = tighter_in_flight(loads, slo.tpot_s)
+    moved: list[int] = []
+    for pos, k in enumerate(keys):
+        if k[0]:
+            return False  # full from here on
+        i = k[-1]
+        if kept_for_tighter(preds, loads, i, tighter):
+            moved.append(pos)
+        elif not moved:
+            return False  # the first choice is kept for no one
+        elif outlooks[i][2] >= 0.5 and k[1] <= 0.0:
+            break
+    else:
+        return False
+    for pos in moved:
+        k = keys[pos]
+        keys[pos] = (1, k[1], k[2], k[3], k[4], k[5], k[6])
+    keys.sort()
+    return True
+
+
 # A tier of more backends than this has only this many of them, drawn at random, evaluated per
 # decision (power of d choices: near the quality of evaluating all of them in a pool of alike
 # engines). An evaluation costs ~1-2 us; a decision over 16 backends must stay well under 40.
@@ -262,26 +425,36 @@ class Learned:
         # outlooks, as plain tuples: they sort fastest, and this runs on every decision.)
         outlooks = []
         keys = []
+        loads = []
         draw, tpot_slo, ttft_slo = rng.random, slo.tpot_s, slo.ttft_s
         nothing = NOTHING / tpot_slo
+        bound = tpot_slo * TIGHTER
+        mixed = False  # a tighter class in flight among the candidates
         for i, b in enumerate(pool):
-            o = _outlook(b, load(b.url), preds[i], slo, limits)
+            lb = load(b.url)
+            loads.append(lb)
+            if lb.slos and lb.slos[0][0] < bound:  # tightest first
+                mixed = True
+            o = _outlook(b, lb, preds[i], slo, limits)
             outlooks.append(o)
             tpot, ttft, _, gain, full, n, _ = o
             if full:  # last, by least excess
                 excess = tpot / tpot_slo
                 if ttft / ttft_slo > excess:
                     excess = ttft / ttft_slo
-                keys.append((1, excess, 0.0, 0, False, draw(), i))
+                keys.append((2, excess, 0.0, 0, False, draw(), i))
             else:
                 if -nothing <= gain <= nothing:
                     gain = 0.0
                 keys.append((0, -gain, tpot, n, b.role is not _LATENCY, draw(), i))
         keys.sort()
+        kept = mixed and _keep_for_tighter(keys, outlooks, preds, loads, slo)
         ordered = [pool[k[-1]] for k in keys] + rest
         _, _, p, _, full, _, ahead = outlooks[keys[0][-1]]
         if full:
             reason: str = Reason.SATURATED
+        elif kept:
+            reason = Reason.RESERVED
         elif req.pinned is not None:
             reason = Reason.PINNED
         elif ahead:

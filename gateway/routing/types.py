@@ -53,6 +53,7 @@ class Reason(StrEnum):
     HEADROOM = "headroom"  # learned: predicted to meet it nowhere; the most headroom went first
     EXPLORE = "explore"  # learned: a backend the model has not seen lately, to keep learning
     FRONTIER = "frontier"  # learned: past the most streams observed there (or none yet)
+    RESERVED = "reserved"  # learned: the faster place kept for a tighter class; this one meets it
     POLICY_ERROR = "policy_error"  # the policy failed (a bug): least-loaded ordered it instead
     DISPLACED = "displaced"  # saturated, but a batch request waiting there gave it its place
 
@@ -77,8 +78,8 @@ class BackendLoad:
     inflight: int = 0
     healthy: bool = True
     stale: bool = False
-    # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts: the
-    # streams one more request would slow down, and by how much they may slow.
+    # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts,
+    # tightest first: the streams one more request would slow down, and by how much they may slow.
     slos: tuple[tuple[float, int], ...] = ()
     # The in-flight count when the gauges were scraped: the streams they showed beyond it were
     # not the gateway's (clients beside it, or replicas that share no state). None: not known.

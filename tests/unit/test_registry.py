@@ -315,6 +315,15 @@ def test_snapshot_merges_scraped_load_in_flight_counts_and_staleness() -> None:
     assert reg.snapshot().taken_at == clock.now
 
 
+def test_the_slos_in_flight_are_counted_tightest_first() -> None:
+    reg = registry(Clock())
+    entry = reg.entry(T1)
+    for slo in (0.025, 0.012, 0.025, 0.05, 0.012):
+        entry.count_lease(1, slo, 0.0)
+    entry.count_lease(-1, 0.05, 0.0)
+    assert reg.snapshot().load(T1).slos == ((0.012, 2), (0.025, 2))
+
+
 def test_who_serves_what_and_which_kinds_restrict() -> None:
     reg = registry()
     assert reg.models == frozenset({"m", "other"})

@@ -23,7 +23,18 @@ from gateway.routing import (
     build_policy,
 )
 from gateway.routing.curves import KNOTS, Curve, Prediction
-from gateway.routing.learned import SHORTLIST, Learned, first_stream, met, outlook, shortlist
+from gateway.routing.learned import (
+    SHORTLIST,
+    Learned,
+    first_stream,
+    guard,
+    kept_for_tighter,
+    met,
+    most_streams,
+    outlook,
+    shortlist,
+    tighter_in_flight,
+)
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
 
 INTERACTIVE = Slo(ttft_s=1.0, tpot_s=0.012)
@@ -256,6 +267,115 @@ def test_pinned_requests_stay_in_their_tier() -> None:
 def test_no_backend() -> None:
     s = LoadSnapshot((L0,), {L0.url: load(healthy=False)}, NOW, {})
     assert decide(s) == ([], Reason.NO_BACKEND)
+
+
+# -- several classes at once -------------------------------------------------------------------
+def _with(running: int, *slos: tuple[Slo, int], waiting: int = 0) -> BackendLoad:
+    # Tightest first, as the registry keeps them.
+    return BackendLoad(running=running, waiting=waiting,
+                       slos=tuple(sorted((slo.tpot_s, count) for slo, count in slos)))  # fmt: skip
+
+
+# EAGLE (the fixture's curve) holds 12 ms up to 53 streams; AWQ never; both 25 ms. For a standard
+# request alone, EAGLE adds the most output up to ~25 streams (see above).
+@pytest.mark.parametrize(
+    ("l0", "t0", "t1", "first", "why"),
+    [
+        # 20 standard streams on EAGLE, 35 interactive ones on AWQ missing theirs: with the
+        # request and the 35 that belong on EAGLE, 56 streams there would miss 12 ms. AWQ meets
+        # 25 ms: the standard request goes there.
+        (_with(20, (STANDARD, 20)), _with(35, (INTERACTIVE, 35)), load(0), T1,
+         Reason.RESERVED),
+        # ... the same with no interactive stream anywhere: EAGLE fills to its own knee.
+        (_with(20, (STANDARD, 20)), _with(35, (STANDARD, 35)), load(0), L0,
+         Reason.PREDICTED_SLO_MET),
+        # ... or with fewer of them: 20 + 1 + 25 streams keep 12 ms.
+        (_with(20, (STANDARD, 20)), _with(25, (INTERACTIVE, 25)), load(0), L0,
+         Reason.PREDICTED_SLO_MET),
+        # Interactive streams on EAGLE count as placed: 20 there, 10 on AWQ (31 with the request).
+        (_with(20, (INTERACTIVE, 20)), _with(10, (INTERACTIVE, 10)), load(0), L0,
+         Reason.PREDICTED_SLO_MET),
+        # ... 20 there and 40 on AWQ (61).
+        (_with(20, (INTERACTIVE, 20)), _with(40, (INTERACTIVE, 40)), load(0), T1,
+         Reason.RESERVED),
+        # Nowhere else meets 25 ms without loss (the pool's queues are full): EAGLE takes it.
+        (_with(20, (STANDARD, 20)), _with(35, (INTERACTIVE, 35), waiting=9),
+         load(1, waiting=9), L0, Reason.PREDICTED_SLO_MET),
+    ],
+)
+def test_a_faster_backend_is_kept_for_a_tighter_class_that_only_it_serves(
+    l0: BackendLoad, t0: BackendLoad, t1: BackendLoad, first: Backend, why: str
+) -> None:
+    order, reason = decide(snapshot(l0, t0, t1), STANDARD)
+    assert (order[0], reason) == (first.url, why)
+
+
+def test_the_tighter_class_itself_takes_the_room() -> None:
+    # The same crowded EAGLE: an interactive request still goes there (nothing else meets 12 ms).
+    order, why = decide(snapshot(_with(20, (STANDARD, 20)), _with(35, (INTERACTIVE, 35)),
+                                 load(0)), INTERACTIVE)  # fmt: skip
+    assert (order[0], why) == (L0.url, Reason.PREDICTED_SLO_MET)
+
+
+IN = INTERACTIVE.tpot_s
+
+
+@pytest.mark.parametrize(
+    ("eagle0", "eagle1", "pool", "kept"),
+    [
+        # 20 interactive streams on the pool, shared between two EAGLEs (10 each, 3 slots of
+        # guard for 10 of 53): the one at 45 would hold 45 + 1 + 10 + 3, past 53; the one at
+        # 30, 44.
+        (_with(45), _with(30), _with(20, (INTERACTIVE, 20)), [True, False, False]),
+        # A class no backend meets even alone (4 ms): nothing to keep room for.
+        (_with(45), _with(30), _with(20, (Slo(tpot_s=0.004), 20)), [False, False, False]),
+        # The interactive streams on the EAGLE at 47, more than its share of them (a guard of 5
+        # for 20 of 53): 47 + 1 + 5 fit; the other needs room for its 10 still to come.
+        (_with(47, (INTERACTIVE, 20)), _with(30), load(0), [False, False, False]),
+        # ... at 48, not the request.
+        (_with(48, (INTERACTIVE, 20)), _with(30), load(0), [True, False, False]),
+    ],
+)
+def test_the_room_kept_is_shared_among_the_backends_that_serve_the_class(
+    eagle0: BackendLoad, eagle1: BackendLoad, pool: BackendLoad, kept: list[bool]
+) -> None:
+    preds, loads = [eagle(), eagle(), awq()], [eagle0, eagle1, pool]
+    tighter = tighter_in_flight(loads, STANDARD.tpot_s)
+    assert [kept_for_tighter(preds, loads, i, tighter) for i in range(3)] == kept
+
+
+@pytest.mark.parametrize(
+    ("streams", "limit", "slots"),
+    [
+        (10, 53, 3),  # 0.19 ** 3 < 1%
+        (20, 53, 5),  # 0.38 ** 5 < 1%
+        (1, 50, 2),  # one stream in flight: still one arriving while another is there
+        (0.1, 100, 1),  # the least there is
+        (52, 53, 53),  # 0.98: more than 200 slots, more than there are: all of them
+        (60, 53, 53),
+    ],
+)
+def test_the_guard_kept_for_a_class_still_to_come(streams: float, limit: int, slots: int) -> None:
+    assert guard(streams, limit) == slots
+
+
+@pytest.mark.parametrize(
+    ("pred", "slo", "most"),
+    [
+        (eagle(), INTERACTIVE.tpot_s, 53),  # 11.98 ms at 53, 12.18 at 54
+        (eagle(), 0.004, 0),  # not even alone (5.8 ms)
+        (awq(), STANDARD.tpot_s, 220),  # 14 ms + 0.05 a stream: 25 ms at 220
+        (Prediction(tpot=Curve.of(lambda n: 0.001), ttft=Curve.of(lambda n: 0.1)),
+         STANDARD.tpot_s, 4096),  # never reaches it: the search's end
+        # A step flat to ~14 streams, then 1.92 ms a stream more (the tutorial's EAGLE): output
+        # per second is highest at 16 (the curve's knot), and 12 ms holds to 23; a 17th stream
+        # adds less than it costs the others, so the class is placed there up to 16.
+        (Prediction(tpot=Curve.of(lambda n: max(0.0197, -0.0064 + 0.00192 * n) / 3.26),
+                    ttft=Curve.of(lambda n: 0.1)), INTERACTIVE.tpot_s, 16),
+    ],
+)
+def test_the_most_streams_within_an_slo(pred: Prediction, slo: float, most: int) -> None:
+    assert most_streams(math.log(slo), pred) == most
 
 
 # -- where nothing is known yet ----------------------------------------------------------------
