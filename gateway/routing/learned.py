@@ -205,16 +205,38 @@ def first_stream(preds: Sequence[Prediction | None], slo: Slo) -> float:
 TIGHTER = 0.9
 
 
-def tighter_in_flight(loads: Sequence[BackendLoad], tpot_s: float) -> dict[float, int]:
-    """The TPOT SLOs tighter than `tpot_s` (by `TIGHTER`) among the streams in flight on
-    `loads`, with their counts."""
-    bound = tpot_s * TIGHTER
-    found: dict[float, int] = {}
-    for load in loads:
-        for s, count in load.slos:
-            if s < bound:
+class TighterClasses:
+    """The classes in flight on a decision's candidates whose TPOT SLO is tighter than its
+    request's (by `TIGHTER`), with their streams there, and on how many of the candidates each
+    is placed at all (`most_streams`; counted when first asked: a decision whose first choice
+    places no tighter class never needs it)."""
+
+    __slots__ = ("_able", "classes", "preds")
+
+    def __init__(
+        self, preds: Sequence[Prediction | None], loads: Sequence[BackendLoad], tpot_s: float
+    ) -> None:
+        bound = tpot_s * TIGHTER
+        found: dict[float, int] = {}
+        for load in loads:
+            for s, count in load.slos:  # tightest first
+                if s >= bound:
+                    break
                 found[s] = found.get(s, 0) + count
-    return found
+        # (TPOT SLO, its ln, its streams in flight on the candidates)
+        self.classes = [(s, math.log(s), total) for s, total in found.items()]
+        self.preds = preds
+        self._able: dict[float, int] = {}
+
+    def able(self, log_s: float) -> int:
+        count = self._able.get(log_s)
+        if count is None:
+            count = 0
+            for pred in self.preds:
+                if pred is not None and pred.frontier and most_streams(log_s, pred):
+                    count += 1
+            self._able[log_s] = count
+        return count
 
 
 # The chance a tighter class's stream may find no room left for it on a backend kept for it.
@@ -277,38 +299,27 @@ def guard(streams: float, limit: int) -> int:
     return min(limit, max(1, math.ceil(math.log(BLOCKED) / math.log(load))))
 
 
-def kept_for_tighter(
-    preds: Sequence[Prediction | None],
-    loads: Sequence[BackendLoad],
-    i: int,
-    tighter: dict[float, int],
-) -> bool:
-    """Whether one more stream of a looser class on candidate `i` would leave too little room
-    for the streams of the `tighter` classes (`tighter_in_flight`) that belong there.
+def kept_for_tighter(pred: Prediction | None, load: BackendLoad, tighter: TighterClasses) -> bool:
+    """Whether one more stream of a looser class on a backend would leave too little room for
+    the streams of the `tighter` classes that belong there.
 
     Open traffic of several classes: a loose request that fills a fast backend to its own knee
     takes the room a tighter class needed, which often nothing else can serve, and it gains
     its own class nothing where a slower backend meets its SLO too. A tighter class's streams
     in flight (anywhere among the candidates: those on a backend that cannot serve them wait
-    there for room) are shared out among the candidates where the class is placed at all
-    (`most_streams`); the candidate is kept for them when its streams, with the request, its
-    share of them not there yet and a `guard` for those still to come, would be more than
-    `most_streams` of a class there."""
-    pred, load = preds[i], loads[i]
+    there for room) are shared out among the candidates where the class is placed at all; the
+    backend is kept for them when its streams, with the request, its share of them not there
+    yet and a `guard` for those still to come, would be more than `most_streams` of a class
+    there."""
     if pred is None or not pred.frontier:
         return False
     at = load.effective + 1
     needs: list[tuple[int, float]] = []  # (the class's limit there, its streams expected there)
-    for s, total in tighter.items():
-        log_s = math.log(s)
+    for s, log_s, total in tighter.classes:
         limit = most_streams(log_s, pred)
         if not limit:
             continue
-        able = 0
-        for other in preds:
-            if other is not None and other.frontier and most_streams(log_s, other):
-                able += 1
-        share = total / able
+        share = total / tighter.able(log_s)
         own = 0
         for slo, count in load.slos:
             if slo == s:
@@ -334,13 +345,13 @@ def _keep_for_tighter(
     meets the request's SLO without loss and is kept for none (`keys` sorted again); where
     there is none, the request takes the room. Whether anything moved. (The failover order
     after the first choice is left as it is: a class's limit on a backend costs a search.)"""
-    tighter = tighter_in_flight(loads, slo.tpot_s)
+    tighter = TighterClasses(preds, loads, slo.tpot_s)
     moved: list[int] = []
     for pos, k in enumerate(keys):
         if k[0]:
             return False  # full from here on
         i = k[-1]
-        if kept_for_tighter(preds, loads, i, tighter):
+        if kept_for_tighter(preds[i], loads[i], tighter):
             moved.append(pos)
         elif not moved:
             return False  # the first choice is kept for no one

@@ -26,6 +26,7 @@ from gateway.routing.curves import KNOTS, Curve, Prediction
 from gateway.routing.learned import (
     SHORTLIST,
     Learned,
+    TighterClasses,
     first_stream,
     guard,
     kept_for_tighter,
@@ -33,7 +34,6 @@ from gateway.routing.learned import (
     most_streams,
     outlook,
     shortlist,
-    tighter_in_flight,
 )
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
 
@@ -340,8 +340,8 @@ def test_the_room_kept_is_shared_among_the_backends_that_serve_the_class(
     eagle0: BackendLoad, eagle1: BackendLoad, pool: BackendLoad, kept: list[bool]
 ) -> None:
     preds, loads = [eagle(), eagle(), awq()], [eagle0, eagle1, pool]
-    tighter = tighter_in_flight(loads, STANDARD.tpot_s)
-    assert [kept_for_tighter(preds, loads, i, tighter) for i in range(3)] == kept
+    tighter = TighterClasses(preds, loads, STANDARD.tpot_s)
+    assert [kept_for_tighter(p, ld, tighter) for p, ld in zip(preds, loads, strict=True)] == kept
 
 
 @pytest.mark.parametrize(
