@@ -87,6 +87,11 @@ def _add_options(parser: Any) -> None:
         default=0.0,
         help="phase length of the step (30) and burst (20) scenarios",
     )
+    parser.add_argument(
+        "--steps",
+        default="",
+        help="the step scenario's users per phase, comma-separated (default 1,16,32,64,16,1)",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,10 @@
-"""`tiergate up --autoscale`: under a step load (2 closed-loop users, then 24, then 1) the pool
-grows as the planner asks and shrinks back when the load falls, every request answered whole;
-Ctrl-C stops every simulator, the ones it started too."""
+"""`tiergate up --autoscale` under a Locust step load (loadtests/locust/scenarios/step.py: 2
+users, then 24, then 1): the pool grows as the planner asks and shrinks back when the load
+falls, every request answered whole; Ctrl-C stops every simulator, the ones it started too."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
 import signal
 import socket
@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -22,10 +21,13 @@ from loadtests.harness.procs import bindable, free_port, wait_http
 
 # Bounds on time and CPU: run after the parallel tests, alone (scripts/test).
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
-MODEL = "meta-llama/Llama-2-7b-chat-hf"
-BODY: dict[str, Any] = {"model": MODEL, "prompt": "one two three", "max_tokens": 32,
-                        "ignore_eos": True, "stream": True}  # fmt: skip
+ROOT = Path(__file__).resolve().parents[2]
 MAX = 3  # throughput simulators at most
+# Locust's phases, PHASE_S each: the pool has the 24 users' to grow and a new simulator to
+# answer, the last user's to shrink back (waited for after it, too: the load is bound in time,
+# the planner's reaction is not).
+STEPS = (2, 24, 24, 24, 1)
+PHASE_S = 8
 WAIT_S = 90.0
 
 
@@ -45,40 +47,6 @@ def _free_run(n: int, taken: int) -> int:
 def pool(gw: str) -> set[str]:
     state = httpx.get(gw + "/state", timeout=10).json()
     return {b["url"] for b in state["backends"] if b["tier"] == "throughput" and not b["left"]}
-
-
-class Load:
-    """Closed-loop users; `users` may change while they run. Connections are kept idle for at
-    most 1 s: the gateway closes idle ones after 5 s, and a client that sends on a connection
-    the server is closing gets a reset that no server can prevent."""
-
-    def __init__(self, gw: str) -> None:
-        self.gw, self.users = gw, 0
-        self.answered: list[str] = []  # the backend of each request answered whole
-        self.failed: list[str] = []
-        self.tasks: list[asyncio.Task[None]] = []
-
-    async def user(self, c: httpx.AsyncClient, i: int) -> None:
-        while i < self.users:
-            try:
-                r = await c.post(self.gw + "/v1/completions", json=BODY)
-            except httpx.HTTPError as e:
-                self.failed.append(repr(e))
-                continue
-            if r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and (
-                    '"error"' not in r.text):  # fmt: skip
-                self.answered.append(r.headers["x-tiergate-backend"])
-            else:
-                self.failed.append(f"{r.status_code} {r.text[-200:]!r}")
-
-    async def step(self, c: httpx.AsyncClient, users: int, until: Any, what: str) -> None:
-        """`users` users until `until()` (checked every 0.5 s) holds."""
-        old, self.users = self.users, users
-        self.tasks += [asyncio.create_task(self.user(c, i)) for i in range(old, users)]
-        deadline = time.monotonic() + WAIT_S
-        while not await asyncio.to_thread(until):
-            assert time.monotonic() < deadline, f"not within {WAIT_S:g} s: {what}"
-            await asyncio.sleep(0.5)
 
 
 def test_the_pool_follows_the_planner_with_no_request_lost(tmp_path: Path) -> None:
@@ -102,23 +70,43 @@ def test_the_pool_follows_the_planner_with_no_request_lost(tmp_path: Path) -> No
             said = proc.stdout.read() if proc.stdout else b""
             raise AssertionError(f"tiergate up did not start:\n{said.decode()[-3000:]}") from None
         assert pool(gw) == {first}
-        load = Load(gw)
-
-        async def run() -> None:
-            limits = httpx.Limits(max_connections=100, keepalive_expiry=1.0)
-            async with httpx.AsyncClient(timeout=60, limits=limits) as c:
-                await load.step(c, 2, lambda: len(load.answered) >= 10, "a few answers")
-                await load.step(c, 24, lambda: len(pool(gw)) >= 2 and bool(
-                    set(load.answered) & (pool(gw) - {first})), "a new simulator answering")
-                await load.step(c, 1, lambda: pool(gw) == {first} and yaml.safe_load(
-                    (tmp_path / "pool.yaml").read_text()) == [first], "the pool back to one")
-                load.users = 0
-                await asyncio.gather(*load.tasks)
-
-        asyncio.run(run())
-        assert load.failed == []
-        grown = {u for u in load.answered if u != first}
-        assert grown
+        jsonl, log = tmp_path / "locust.jsonl", (tmp_path / "locust.log").open("w")
+        locust = subprocess.Popen(
+            [sys.executable, "-m", "locust", "--headless", "-f",
+             "loadtests/locust/scenarios/step.py", "--steps", ",".join(map(str, STEPS)),
+             "--phase-seconds", str(PHASE_S), "-H", gw, "--prompt-tokens", "3",
+             "--output-tokens", "32", "--jsonl", str(jsonl), "--run-label", "autoscale",
+             # a user leaving at a step finishes its request first: none is cut by the client
+             "--stop-timeout", "60", "--loglevel", "WARNING", "--only-summary"],
+            # a file, not a pipe: nothing reads a pipe while Locust runs, and a full one blocks it
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        seen: list[set[str]] = []  # the pool at each look while Locust runs
+        try:
+            deadline = time.monotonic() + len(STEPS) * PHASE_S + WAIT_S
+            while locust.poll() is None:
+                assert time.monotonic() < deadline, "Locust did not end"
+                seen.append(pool(gw))
+                time.sleep(0.5)
+        finally:
+            if locust.poll() is None:
+                locust.kill()
+            locust.wait()
+            log.close()
+        assert locust.returncode == 0, (tmp_path / "locust.log").read_text()[-3000:]
+        records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+        failed = [r for r in records if not r["ok"] or r["output_tokens"] != 32]
+        assert failed == [], failed[:5]
+        assert {r["users"] for r in records} == set(STEPS)
+        assert max(len(p) for p in seen) >= 2, "the pool never grew"
+        grown = {r["backend"] for r in records} - {first}
+        assert grown, "no request answered by a simulator the planner added"
+        # Back to one, with no load or the last user's: waited for, bounded.
+        deadline = time.monotonic() + WAIT_S
+        while not (pool(gw) == {first} and yaml.safe_load(
+                (tmp_path / "pool.yaml").read_text()) == [first]):  # fmt: skip
+            assert time.monotonic() < deadline, f"the pool not back to one: {pool(gw)}"
+            time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
