@@ -34,6 +34,11 @@ __all__ = ["BackendEntry", "ChangeSignal", "Lease", "LiveStatus", "Registry"]
 # of at most the second that has not had its first byte (interactive over batch).
 DISPLACING_RANK = 2
 DISPLACEABLE_RANK = 0
+# The time constant of a class's mean count of leases on a backend: about a minute, the span over
+# which demand is read for planning too; long against a request, short against a day's cycle.
+CLASS_MEMORY_S = 60.0
+# A class whose mean fell below this with none in flight is forgotten.
+_FORGOTTEN = 0.01
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,11 @@ class BackendEntry:
     # TPOT SLOs of the leases here, with counts (routing's harm check reads the tuple).
     slo_counts: dict[float, int] = field(default_factory=dict)
     slos: tuple[tuple[float, int], ...] = ()
+    # Per TPOT SLO, its mean count of leases here lately (CLASS_MEMORY_S), as of the last
+    # change: routing keeps room for a tighter class that is often not in flight at the instant
+    # it decides (a class that arrives rarely).
+    slo_recent: dict[float, float] = field(default_factory=dict)
+    recent: tuple[tuple[float, float], ...] = ()
     # How requests reach it: its kind's own transport where it brings one (Triton's gRPC
     # stream), else the gateway's HTTP pool, which gateway.pipeline.upstream sets.
     own_transport: OwnTransport | None = None
@@ -118,10 +128,20 @@ class BackendEntry:
         return self.busy_area + self.busy * (now - self.busy_at), now
 
     def count_lease(self, delta: int, slo: float, now: float) -> None:
+        counts, recent = self.slo_counts, self.slo_recent
+        if now > self.busy_at:
+            # Each class's count held since the last change: fold it into its mean.
+            kept = math.exp(-(now - self.busy_at) / CLASS_MEMORY_S)
+            for s in list(recent.keys() | counts.keys()):
+                mean = recent.get(s, 0.0) * kept + counts.get(s, 0) * (1.0 - kept)
+                if mean < _FORGOTTEN and not counts.get(s):
+                    recent.pop(s, None)
+                else:
+                    recent[s] = mean
+            self.recent = tuple(sorted(recent.items()))
         self.busy_area += self.busy * (now - self.busy_at)
         self.busy_at = now
         self.busy += delta
-        counts = self.slo_counts
         left = counts.get(slo, 0) + delta
         if left > 0:
             counts[slo] = left
@@ -454,6 +474,7 @@ class Registry:
                 healthy=not st.ejected and not (e.waiting and e.on_probation),
                 stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
                 slos=e.slos,
+                recent=e.recent,
                 inflight_at_scrape=st.inflight_at_scrape,
             )
             for url, e in self.entries.items()

@@ -217,14 +217,21 @@ class TighterClasses:
         self, preds: Sequence[Prediction | None], loads: Sequence[BackendLoad], tpot_s: float
     ) -> None:
         bound = tpot_s * TIGHTER
-        found: dict[float, int] = {}
+        now: dict[float, float] = {}
+        lately: dict[float, float] = {}
         for load in loads:
             for s, count in load.slos:  # tightest first
                 if s >= bound:
                     break
-                found[s] = found.get(s, 0) + count
-        # (TPOT SLO, its ln, its streams in flight on the candidates)
-        self.classes = [(s, math.log(s), total) for s, total in found.items()]
+                now[s] = now.get(s, 0) + count
+            for s, mean in load.recent:  # tightest first
+                if s >= bound:
+                    break
+                lately[s] = lately.get(s, 0.0) + mean
+        # (TPOT SLO, its ln, its streams on the candidates: in flight now or, for a class that
+        # comes and goes, as many as lately on average, whichever is more)
+        self.classes = [(s, math.log(s), max(now.get(s, 0.0), lately.get(s, 0.0)))
+                        for s in now.keys() | lately.keys()]  # fmt: skip
         self.preds = preds
         self._able: dict[float, int] = {}
 
@@ -444,8 +451,8 @@ class Learned:
         for i, b in enumerate(pool):
             lb = load(b.url)
             loads.append(lb)
-            if lb.slos and lb.slos[0][0] < bound:  # tightest first
-                mixed = True
+            if (lb.slos and lb.slos[0][0] < bound) or (lb.recent and lb.recent[0][0] < bound):
+                mixed = True  # (tightest first)
             o = _outlook(b, lb, preds[i], slo, limits)
             outlooks.append(o)
             tpot, ttft, _, gain, full, n, _ = o

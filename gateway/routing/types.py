@@ -81,6 +81,9 @@ class BackendLoad:
     # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts,
     # tightest first: the streams one more request would slow down, and by how much they may slow.
     slos: tuple[tuple[float, int], ...] = ()
+    # Per TPOT SLO, the mean count of this gateway's streams here lately (a minute or so),
+    # tightest first: the classes that come here, whether in flight now or not.
+    recent: tuple[tuple[float, float], ...] = ()
     # The in-flight count when the gauges were scraped: the streams they showed beyond it were
     # not the gateway's (clients beside it, or replicas that share no state). None: not known.
     inflight_at_scrape: int | None = None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from gateway.backends.registry import ChangeSignal, Registry
+from gateway.backends.registry import CLASS_MEMORY_S, ChangeSignal, Registry
 from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import Settings
 from gateway.observe.telemetry import Telemetry
@@ -322,6 +323,22 @@ def test_the_slos_in_flight_are_counted_tightest_first() -> None:
         entry.count_lease(1, slo, 0.0)
     entry.count_lease(-1, 0.05, 0.0)
     assert reg.snapshot().load(T1).slos == ((0.012, 2), (0.025, 2))
+
+
+def test_each_class_is_remembered_by_its_mean_count_lately() -> None:
+    reg = registry(Clock())
+    entry = reg.entry(T1)
+    entry.count_lease(1, 0.012, 0.0)  # one 12 ms stream from 0 s ...
+    entry.count_lease(1, 0.025, CLASS_MEMORY_S)  # ... a time constant on: 1 - 1/e
+    assert dict(entry.recent) == pytest.approx({0.012: 1 - math.exp(-1)})
+    entry.count_lease(-1, 0.012, CLASS_MEMORY_S)  # at the same instant: nothing to fold in
+    entry.count_lease(-1, 0.025, 2 * CLASS_MEMORY_S)  # none of it since, a 25 ms one held
+    assert dict(entry.recent) == pytest.approx(
+        {0.012: (1 - math.exp(-1)) * math.exp(-1), 0.025: 1 - math.exp(-1)})
+    assert reg.snapshot().load(T1).recent == entry.recent  # tightest first
+    assert [s for s, _ in entry.recent] == [0.012, 0.025]
+    entry.count_lease(1, 0.05, 20 * CLASS_MEMORY_S)  # long gone: forgotten
+    assert entry.recent == ()
 
 
 def test_who_serves_what_and_which_kinds_restrict() -> None:

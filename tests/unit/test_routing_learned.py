@@ -310,6 +310,24 @@ def test_a_faster_backend_is_kept_for_a_tighter_class_that_only_it_serves(
     assert (order[0], reason) == (first.url, why)
 
 
+def test_room_is_kept_for_a_class_that_comes_and_goes() -> None:
+    # The tutorial's EAGLE (placed up to 16 streams at 12 ms, as above; a standard request
+    # alone goes there up to 11). No interactive stream in flight now, but four on average
+    # lately (on AWQ, where they missed): at 8 streams, 8 + 1 + 4 and a guard of 4 pass 16;
+    # the standard request goes to AWQ.
+    tut = Prediction(tpot=Curve.of(lambda n: max(0.0197, -0.0064 + 0.00192 * n) / 3.26),
+                     ttft=Curve.of(lambda n: 0.1), observed_at=NOW, spread=SHARP)  # fmt: skip
+    rare = replace(load(0), recent=((INTERACTIVE.tpot_s, 4.0), (STANDARD.tpot_s, 3.0)))
+    curves = {L0.url: tut, T0.url: awq(), T1.url: awq()}
+    for n, first, why in ((8, T1, Reason.RESERVED), (7, L0, Reason.PREDICTED_SLO_MET)):
+        s = LoadSnapshot((L0, T0, T1), {L0.url: _with(n, (STANDARD, n)), T0.url: rare,
+                                        T1.url: load(0)}, NOW, curves)  # fmt: skip
+        assert decide(s, STANDARD) == ([first.url, *decide(s, STANDARD)[0][1:]], why), n
+        # ... and with the class forgotten, EAGLE fills to its own knee.
+        s = replace(s, loads={**s.loads, T0.url: load(0)})
+        assert decide(s, STANDARD)[0][0] == L0.url
+
+
 def test_the_tighter_class_itself_takes_the_room() -> None:
     # The same crowded EAGLE: an interactive request still goes there (nothing else meets 12 ms).
     order, why = decide(snapshot(_with(20, (STANDARD, 20)), _with(35, (INTERACTIVE, 35)),
