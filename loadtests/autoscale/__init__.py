@@ -15,7 +15,8 @@ def command(
     deployment: Annotated[
         list[str] | None,
         typer.Option(
-            help="Deployments: tutorial (A100 engines), knee-64 (H200-like) (default: tutorial)."
+            help="Deployments: tutorial (A100 engines), tutorial-rare (the same, 2% interactive), "
+            "knee-64 (H200-like) (default: tutorial)."
         ),
     ] = None,
     trace: Annotated[

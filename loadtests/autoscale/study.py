@@ -61,6 +61,13 @@ DEPLOYMENTS: Final = {
          Klass("standard", 1.0, 0.025, 0.75, 128, 512)),
         "v4-low", "A100 (the tutorial's engines): EAGLE v4 (3.26 tokens per step), AWQ v3 pool",
     ),
+    # The same engines, the interactive class rare: often none of it in flight.
+    "tutorial-rare": Deployment(
+        "v4", "v3",
+        (Klass("interactive", 1.0, 0.012, 0.02, 128, 512),
+         Klass("standard", 1.0, 0.025, 0.98, 128, 512)),
+        "v4-low", "A100 (the tutorial's engines), 2% of the requests in the interactive class",
+    ),
     "knee-64": Deployment(
         "h200-eagle-a31", "h200-awq",
         (Klass("tight", 1.0, 0.004, 0.25, 128, 512),
