@@ -69,7 +69,8 @@ from gateway.routing.types import (
 )
 
 __all__ = [
-    "NOTHING", "SHORTLIST", "Learned", "Outlook", "first_stream", "met", "outlook", "shortlist",
+    "NOTHING", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "first_stream", "guard",
+    "kept_for_tighter", "met", "most_streams", "outlook", "shortlist",
 ]  # fmt: skip
 
 _FLOOR = 1e-6
@@ -206,10 +207,10 @@ TIGHTER = 0.9
 
 
 class TighterClasses:
-    """The classes in flight on a decision's candidates whose TPOT SLO is tighter than its
-    request's (by `TIGHTER`), with their streams there, and on how many of the candidates each
-    is placed at all (`most_streams`; counted when first asked: a decision whose first choice
-    places no tighter class never needs it)."""
+    """The classes on a decision's candidates (in flight, or lately) whose TPOT SLO is tighter
+    than its request's (by `TIGHTER`), with their streams there, and on how many of the
+    candidates each is placed at all (`most_streams`; counted when first asked: a decision
+    whose first choice places no tighter class never needs it)."""
 
     __slots__ = ("_able", "classes", "preds")
 
@@ -313,11 +314,11 @@ def kept_for_tighter(pred: Prediction | None, load: BackendLoad, tighter: Tighte
     Open traffic of several classes: a loose request that fills a fast backend to its own knee
     takes the room a tighter class needed, which often nothing else can serve, and it gains
     its own class nothing where a slower backend meets its SLO too. A tighter class's streams
-    in flight (anywhere among the candidates: those on a backend that cannot serve them wait
-    there for room) are shared out among the candidates where the class is placed at all; the
-    backend is kept for them when its streams, with the request, its share of them not there
-    yet and a `guard` for those still to come, would be more than `most_streams` of a class
-    there."""
+    (in flight now or, for a class that comes and goes, as many as lately on average; anywhere
+    among the candidates: those on a backend that cannot serve them wait there for room) are
+    shared out among the candidates where the class is placed at all; the backend is kept for
+    them when its streams, with the request, its share of them not there yet and a `guard` for
+    those still to come, would be more than `most_streams` of a class there."""
     if pred is None or not pred.frontier:
         return False
     at = load.effective + 1
@@ -447,7 +448,7 @@ class Learned:
         draw, tpot_slo, ttft_slo = rng.random, slo.tpot_s, slo.ttft_s
         nothing = NOTHING / tpot_slo
         bound = tpot_slo * TIGHTER
-        mixed = False  # a tighter class in flight among the candidates
+        mixed = False  # a tighter class on the candidates, in flight or lately
         for i, b in enumerate(pool):
             lb = load(b.url)
             loads.append(lb)
