@@ -231,8 +231,10 @@ class TighterClasses:
                 lately[s] = lately.get(s, 0.0) + mean
         # (TPOT SLO, its ln, its streams on the candidates: in flight now or, for a class that
         # comes and goes, as many as lately on average, whichever is more)
-        self.classes = [(s, math.log(s), max(now.get(s, 0.0), lately.get(s, 0.0)))
-                        for s in now.keys() | lately.keys()]  # fmt: skip
+        for s, mean in lately.items():
+            if mean > now.get(s, 0.0):
+                now[s] = mean
+        self.classes = [(s, math.log(s), total) for s, total in now.items()]
         self.preds = preds
         self._able: dict[float, int] = {}
 
@@ -241,7 +243,12 @@ class TighterClasses:
         if count is None:
             count = 0
             for pred in self.preds:
-                if pred is not None and pred.frontier and most_streams(log_s, pred):
+                if pred is None or not pred.frontier:
+                    continue
+                limit = pred.limits.get(log_s)  # most_streams' memory, read without a call
+                if limit is None:
+                    limit = most_streams(log_s, pred)
+                if limit:
                     count += 1
             self._able[log_s] = count
         return count
