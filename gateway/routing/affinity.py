@@ -45,8 +45,10 @@ _MASK = (1 << 64) - 1
 # the policy chose that backend for a reason of its own.
 _KEEP = frozenset({Reason.SATURATED, Reason.NO_BACKEND, Reason.EXPLORE, Reason.POLICY_ERROR})
 # A home is kept over an exploring decision: exploration may try another backend with a request
-# that has no cache to lose.
-_KEEP_HOME = _KEEP - {Reason.EXPLORE}
+# that has no cache to lose. Not over a backend kept for a tighter class: the request meets its
+# SLO where the policy sent it, and pays a prefill there; at home it would take the room a
+# tighter class's request needs, which nothing else may serve.
+_KEEP_HOME = (_KEEP - {Reason.EXPLORE}) | {Reason.RESERVED}
 
 
 def affinity_key(data: bytes) -> int:

@@ -228,6 +228,12 @@ def test_decisions_with_a_reason_of_their_own_keep_their_first(reason: str) -> N
     assert went.candidates[0] is (T2 if reason == Reason.EXPLORE else T3)
 
 
+def test_a_home_kept_for_a_tighter_class_is_not_gone_back_to() -> None:
+    d = decide((T3, T2, T1, T0, L0), Reason.RESERVED)
+    home = RouteRequest(MODEL, affinity=KEY, home=L0.url)
+    assert AFF(home, d, snapshot({})) is d  # type: ignore[arg-type]
+
+
 def test_a_saturated_backend_is_never_chosen_for_affinity() -> None:
     # max_waiting 8: a fresh queue of 9 saturates the key's first choice.
     loaded = {b: load() for b in POOL} | {FIRST: load(running=0, waiting=9)}
