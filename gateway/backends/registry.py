@@ -132,7 +132,7 @@ class BackendEntry:
         if now > self.busy_at:
             # Each class's count held since the last change: fold it into its mean.
             kept = math.exp(-(now - self.busy_at) / CLASS_MEMORY_S)
-            for s in list(recent.keys() | counts.keys()):
+            for s in recent.keys() | counts.keys():  # a new set: recent may change
                 mean = recent.get(s, 0.0) * kept + counts.get(s, 0) * (1.0 - kept)
                 if mean < _FORGOTTEN and not counts.get(s):
                     recent.pop(s, None)

@@ -451,14 +451,12 @@ class Learned:
         # outlooks, as plain tuples: they sort fastest, and this runs on every decision.)
         outlooks = []
         keys = []
-        loads = []
         draw, tpot_slo, ttft_slo = rng.random, slo.tpot_s, slo.ttft_s
         nothing = NOTHING / tpot_slo
         bound = tpot_slo * TIGHTER
         mixed = False  # a tighter class on the candidates, in flight or lately
         for i, b in enumerate(pool):
             lb = load(b.url)
-            loads.append(lb)
             if (lb.slos and lb.slos[0][0] < bound) or (lb.recent and lb.recent[0][0] < bound):
                 mixed = True  # (tightest first)
             o = _outlook(b, lb, preds[i], slo, limits)
@@ -474,7 +472,10 @@ class Learned:
                     gain = 0.0
                 keys.append((0, -gain, tpot, n, b.role is not _LATENCY, draw(), i))
         keys.sort()
-        kept = mixed and _keep_for_tighter(keys, outlooks, preds, loads, slo)
+        # (The loads read again only then: most decisions see one class.)
+        kept = mixed and _keep_for_tighter(
+            keys, outlooks, preds, [load(b.url) for b in pool], slo
+        )
         ordered = [pool[k[-1]] for k in keys] + rest
         _, _, p, _, full, _, ahead = outlooks[keys[0][-1]]
         if full:
