@@ -24,6 +24,7 @@ from gateway.routing.types import (
     RouteRequest,
     RouterState,
     Slo,
+    in_flight,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "RouterState",
     "Slo",
     "build_policy",
+    "in_flight",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gateway.routing.types import Backend, LoadSnapshot, Role, RouteRequest
+from gateway.routing.types import UNKNOWN_LOAD, Backend, LoadSnapshot, Role, RouteRequest
 
 __all__ = ["eligible", "of_role", "pinned", "split_roles"]
 
@@ -17,13 +17,13 @@ def eligible(req: RouteRequest, snap: LoadSnapshot) -> list[Backend]:
     """
     seen: set[str] = set()
     out: list[Backend] = []
-    exclude, model, load = req.exclude, req.model, snap.load
+    exclude, model, get = req.exclude, req.model, snap.by_url.get
     for b in snap.backends:
         url = b.url
         if url in seen:
             continue
         seen.add(url)
-        if url not in exclude and model in b.models and load(url).healthy:
+        if model in b.models and get(url, UNKNOWN_LOAD).healthy and url not in exclude:
             out.append(b)
     return out
 

@@ -57,6 +57,7 @@ from gateway.routing.curves import Prediction
 from gateway.routing.filters import eligible, pinned
 from gateway.routing.params import PolicyParams
 from gateway.routing.types import (
+    UNKNOWN_LOAD,
     Backend,
     BackendLoad,
     Decision,
@@ -132,11 +133,10 @@ def _outlook(
         if n:
             return math.inf, 0.0, 0.0, 0.0, False, n, True
         return math.inf, 0.0, 1.0, params.first, False, n, True
-    tpots = pred.tpot.table
-    if n + 1 < len(tpots):  # the common case, read from the tables directly
-        now, tpot, ttft = tpots[n], tpots[n + 1], pred.ttft.table[n + 1]
-        offsets, scales = pred.offset, pred.z_scale
-        o0, o1, z0, z1 = offsets[n], offsets[n + 1], scales[n], scales[n + 1]
+    rows = pred.rows
+    if n + 1 < len(rows):  # the common case, read from the tables directly
+        now, _, o0, z0 = rows[n]
+        tpot, ttft, o1, z1 = rows[n + 1]
     else:
         now, tpot, ttft = pred.tpot.at(n), pred.tpot.at(n + 1), pred.ttft.at(n + 1)
         (o0, z0), (o1, z1) = _terms(pred, n), _terms(pred, n + 1)
@@ -151,9 +151,8 @@ def _outlook(
     # are taken to share the request's. Summed as count x erf, halved and shifted once.
     now_sum = then_sum = 0.0
     known = 0
-    for s, count in load.slos:
+    for _, count, log_s in load.slos:
         known += count
-        log_s = log2(s) * _LN2
         now_sum += count * erf((log_s + o0) * z0)
         then_sum += count * erf((log_s + o1) * z1)
     if n > known:
@@ -220,21 +219,27 @@ class TighterClasses:
         bound = tpot_s * TIGHTER
         now: dict[float, float] = {}
         lately: dict[float, float] = {}
+        get = now.get
         for load in loads:
-            for s, count in load.slos:  # tightest first
+            for s, count, _ in load.slos:  # tightest first
                 if s >= bound:
                     break
-                now[s] = now.get(s, 0) + count
-            for s, mean in load.recent:  # tightest first
-                if s >= bound:
-                    break
-                lately[s] = lately.get(s, 0.0) + mean
+                now[s] = get(s, 0) + count
+            recent = load.recent
+            if recent and recent[0][0] < bound:
+                for s, mean in recent:  # tightest first
+                    if s >= bound:
+                        break
+                    lately[s] = lately.get(s, 0.0) + mean
         # (TPOT SLO, its ln, its streams on the candidates: in flight now or, for a class that
         # comes and goes, as many as lately on average, whichever is more)
         for s, mean in lately.items():
-            if mean > now.get(s, 0.0):
+            if mean > get(s, 0.0):
                 now[s] = mean
-        self.classes = [(s, math.log(s), total) for s, total in now.items()]
+        classes: list[tuple[float, float, float]] = []
+        for s, total in now.items():  # (most often one: a loop costs less than a comprehension)
+            classes.append((s, log2(s) * _LN2, total))
+        self.classes = classes
         self.preds = preds
         self._able: dict[float, int] = {}
 
@@ -256,6 +261,7 @@ class TighterClasses:
 
 # The chance a tighter class's stream may find no room left for it on a backend kept for it.
 BLOCKED = 0.01
+_LOG2_BLOCKED = log2(BLOCKED)
 # The most streams a search for a class's limit on one backend looks at.
 _MOST = 4096
 # The most SLOs a prediction remembers its limits for (SLOs come from requests' headers).
@@ -311,10 +317,15 @@ def guard(streams: float, limit: int) -> int:
     load = streams / limit
     if load >= 1.0:
         return limit
-    return min(limit, max(1, math.ceil(math.log(BLOCKED) / math.log(load))))
+    if load <= 0.0:
+        return 1
+    slots = math.ceil(_LOG2_BLOCKED / log2(load))
+    return limit if slots > limit else (slots if slots > 1 else 1)
 
 
-def kept_for_tighter(pred: Prediction | None, load: BackendLoad, tighter: TighterClasses) -> bool:
+def kept_for_tighter(
+    pred: Prediction | None, load: BackendLoad, tighter: TighterClasses, streams: int | None = None
+) -> bool:
     """Whether one more stream of a looser class on a backend would leave too little room for
     the streams of the `tighter` classes that belong there.
 
@@ -324,21 +335,37 @@ def kept_for_tighter(pred: Prediction | None, load: BackendLoad, tighter: Tighte
     (in flight now or, for a class that comes and goes, as many as lately on average; anywhere
     among the candidates: those on a backend that cannot serve them wait there for room) are
     shared out among the candidates where the class is placed at all; the backend is kept for
-    them when its streams, with the request, its share of them not there yet and a `guard` for
-    those still to come, would be more than `most_streams` of a class there."""
+    them when its streams (`streams`, or `load.effective` when not given), with the request,
+    its share of them not there yet and a `guard` for those still to come, would be more than
+    `most_streams` of a class there."""
     if pred is None or not pred.frontier:
         return False
-    at = load.effective + 1
+    at = (load.effective if streams is None else streams) + 1
+    # First as if each class's streams all belonged here, the most its share can be: where
+    # even that leaves room, so do the shares, and the candidates that place each class need
+    # not be counted (the answer only grows with the shares).
+    return _short(pred, load, at, tighter, False) and _short(pred, load, at, tighter, True)
+
+
+def _short(
+    pred: Prediction, load: BackendLoad, at: int, tighter: TighterClasses, shared: bool
+) -> bool:
+    """`kept_for_tighter` with the backend's streams and the request (`at`); each class's
+    streams shared out among the candidates that place it, or (not `shared`) all of them."""
     needs: list[tuple[int, float]] = []  # (the class's limit there, its streams expected there)
+    memo = pred.limits
     for s, log_s, total in tighter.classes:
-        limit = most_streams(log_s, pred)
+        limit = memo.get(log_s)  # most_streams' memory, read without a call
+        if limit is None:
+            limit = most_streams(log_s, pred)
         if not limit:
             continue
-        share = total / tighter.able(log_s)
+        share = total / tighter.able(log_s) if shared else total
         own = 0
-        for slo, count in load.slos:
+        for slo, count, _ in load.slos:  # one entry per SLO
             if slo == s:
-                own += count
+                own = count
+                break
         if share > own:
             at += math.ceil(share - own - 1e-9)
         needs.append((limit, share if share > own else own))
@@ -366,7 +393,7 @@ def _keep_for_tighter(
         if k[0]:
             return False  # full from here on
         i = k[-1]
-        if kept_for_tighter(preds[i], loads[i], tighter):
+        if kept_for_tighter(preds[i], loads[i], tighter, outlooks[i][5]):
             moved.append(pos)
         elif not moved:
             return False  # the first choice is kept for no one
@@ -433,7 +460,7 @@ class Learned:
         pool = pinned(req, eligible(req, snap))
         if not pool:
             return Decision((), Reason.NO_BACKEND, self.name, state)
-        slo, curves, load, limits = req.slo, snap.curves, snap.load, self.limits
+        slo, curves, limits = req.slo, snap.curves, self.limits
         pool, rest = shortlist(pool, rng)
         get = curves.get
         preds = [get(b.url) for b in pool]
@@ -451,13 +478,18 @@ class Learned:
         # outlooks, as plain tuples: they sort fastest, and this runs on every decision.)
         outlooks = []
         keys = []
+        loads = []
         draw, tpot_slo, ttft_slo = rng.random, slo.tpot_s, slo.ttft_s
         nothing = NOTHING / tpot_slo
         bound = tpot_slo * TIGHTER
         mixed = False  # a tighter class on the candidates, in flight or lately
+        load = snap.by_url.get
         for i, b in enumerate(pool):
-            lb = load(b.url)
-            if (lb.slos and lb.slos[0][0] < bound) or (lb.recent and lb.recent[0][0] < bound):
+            lb = load(b.url, UNKNOWN_LOAD)
+            loads.append(lb)
+            if not mixed and (
+                (lb.slos and lb.slos[0][0] < bound) or (lb.recent and lb.recent[0][0] < bound)
+            ):
                 mixed = True  # (tightest first)
             o = _outlook(b, lb, preds[i], slo, limits)
             outlooks.append(o)
@@ -472,10 +504,7 @@ class Learned:
                     gain = 0.0
                 keys.append((0, -gain, tpot, n, b.role is not _LATENCY, draw(), i))
         keys.sort()
-        # (The loads read again only then: most decisions see one class.)
-        kept = mixed and _keep_for_tighter(
-            keys, outlooks, preds, [load(b.url) for b in pool], slo
-        )
+        kept = mixed and _keep_for_tighter(keys, outlooks, preds, loads, slo)
         ordered = [pool[k[-1]] for k in keys] + rest
         _, _, p, _, full, _, ahead = outlooks[keys[0][-1]]
         if full:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from gateway.routing.curves import Prediction
 
 __all__ = [
+    "UNKNOWN_LOAD",
     "Backend",
     "BackendLoad",
     "Decision",
@@ -22,6 +23,7 @@ __all__ = [
     "RouteRequest",
     "RouterState",
     "Slo",
+    "in_flight",
 ]
 
 
@@ -78,9 +80,10 @@ class BackendLoad:
     inflight: int = 0
     healthy: bool = True
     stale: bool = False
-    # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts,
-    # tightest first: the streams one more request would slow down, and by how much they may slow.
-    slos: tuple[tuple[float, int], ...] = ()
+    # The TPOT SLOs (seconds) of this gateway's requests in flight here, each with its count
+    # and its ln (read per candidate of every decision), tightest first (`in_flight`): the
+    # streams one more request would slow down, and by how much they may slow.
+    slos: tuple[tuple[float, int, float], ...] = ()
     # Per TPOT SLO, the mean count of this gateway's streams here lately (a minute or so),
     # tightest first: the classes that come here, whether in flight now or not.
     recent: tuple[tuple[float, float], ...] = ()
@@ -104,8 +107,14 @@ class BackendLoad:
         return queued if queued > self.inflight else self.inflight
 
 
+def in_flight(counts: Iterable[tuple[float, int]]) -> tuple[tuple[float, int, float], ...]:
+    """`BackendLoad.slos` from (TPOT SLO, count) pairs, one per SLO: tightest first, each with
+    its ln (a very large negative number for an SLO of 0)."""
+    return tuple((s, n, math.log(s) if s > 0 else -1e9) for s, n in sorted(counts))
+
+
 # A backend the monitor has not reported yet: usable, nothing known about it but our own count.
-_UNKNOWN_LOAD = BackendLoad(stale=True)
+UNKNOWN_LOAD = BackendLoad(stale=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +132,19 @@ class LoadSnapshot:
         default_factory=lambda: MappingProxyType({}), hash=False, compare=False
     )
     # The copy behind ``loads``, which ``load`` reads directly: a decision reads a few hundred
-    # loads, and each read through the proxy costs half as much again.
-    _by_url: dict[str, BackendLoad] = field(init=False, repr=False, compare=False)
+    # loads, and each read through the proxy costs half as much again. Read only; a stage that
+    # reads every backend's load takes its ``get`` (``by_url.get(url, UNKNOWN_LOAD)`` is
+    # ``load(url)`` without a call in between).
+    by_url: dict[str, BackendLoad] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Copy, so a caller mutating its dict cannot change a snapshot a decision was made on.
         by_url = dict(self.loads)
-        object.__setattr__(self, "_by_url", by_url)
+        object.__setattr__(self, "by_url", by_url)
         object.__setattr__(self, "loads", MappingProxyType(by_url))
 
     def load(self, url: str) -> BackendLoad:
-        return self._by_url.get(url, _UNKNOWN_LOAD)
+        return self.by_url.get(url, UNKNOWN_LOAD)
 
 
 @dataclass(frozen=True, slots=True)
