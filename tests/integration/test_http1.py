@@ -191,6 +191,37 @@ async def test_a_stream_that_goes_silent_times_out_mid_body() -> None:
         await p.aclose()
 
 
+async def test_the_read_timeout_is_per_read_however_long_the_stream_lasts() -> None:
+    """Chunks closer together than the read timeout never time out, over a stream several
+    timeouts long; the silence after them does, about one timeout after the last chunk."""
+    sent = asyncio.Event()
+
+    async def drips(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(8):
+            await asyncio.sleep(0.1)
+            w.write(b"1\r\na\r\n")
+        sent.set()
+        await asyncio.sleep(5)
+
+    async with serving(drips) as srv:
+        p = pool(read_timeout_s=0.3)
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        got = b""
+        while len(got) < 8:
+            got += await resp.readany()
+        assert got == b"a" * 8  # 0.8 s of stream, no read waited 0.3 s
+        await sent.wait()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await resp.readany()
+        assert 0.2 <= loop.time() - began < 2.0
+        resp.close()
+        await p.aclose()
+
+
 async def test_close_fails_a_pending_read_at_once() -> None:
     async def stalls(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
