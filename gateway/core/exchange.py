@@ -23,6 +23,7 @@ __all__ = [
     "NO_DECISION",
     "Allowance",
     "Caller",
+    "ChunkWriter",
     "Endpoint",
     "Exchange",
     "Send",
@@ -96,6 +97,19 @@ class Trace(Protocol):
 
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class ChunkWriter(Protocol):
+    """The server's direct writer of a streamed answer's body (gateway.serve.server): what an
+    ASGI `http.response.body` message with more to come does, without the message. A stream
+    writes one per chunk the engine sends, so what it saves is saved per token."""
+
+    def __call__(self, body: bytes) -> bool:
+        """Write `body` (not empty); True when the client reads slower than it is written:
+        `drain` before the next."""
+        ...
+
+    async def drain(self) -> None: ...
 
 DEFAULT_SLO = Slo()
 # What an exchange holds until routing has decided: no candidates, no policy.
@@ -175,6 +189,13 @@ class Exchange:
     cut_reason: str | None = None
     # Its spans, when tracing is on (gateway.pipeline.tracing); None: nothing on the path traces.
     trace: Trace | None = None
+    # -- the answer on its way out
+    # What its body goes through to the client, in order, chunk by chunk (whole SSE events of a
+    # stream): those that read it (usage, for limits) before those that change it (the usage
+    # events the client did not ask for taken out).
+    body_filters: list[Callable[[bytes], bytes]] = field(default_factory=list)
+    # The server's direct writer of a stream's chunks (None: ASGI messages only).
+    write_chunk: ChunkWriter | None = None
 
     def set_field(self, key: str, value: object) -> None:
         """Change a field of the request as the engines will get it (the body re-encoded)."""
@@ -188,8 +209,20 @@ class Exchange:
 
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole response: `headers` get its content-length."""
+        body = self.filtered(body)
         await self.start_response(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self.send({"type": "http.response.body", "body": body})
+
+    def filtered(self, body: bytes) -> bytes:
+        """`body` through `body_filters`."""
+        for f in self.body_filters:
+            body = f(body)
+        return body
+
+    async def send_body(self, body: bytes, more: bool = False) -> None:
+        """Body bytes to the client, through `body_filters`; `more`: more follow."""
+        await self.send({"type": "http.response.body", "body": self.filtered(body),
+                         "more_body": more})  # fmt: skip
 
     @property
     def ttft(self) -> float | None:

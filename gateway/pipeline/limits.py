@@ -403,17 +403,24 @@ class Limits:
 
 
 def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
-    """Wrap the client's `send`: the rate-limit headers go on the answer, and the answer's
-    usage is read as it passes (every stream carries it: gateway.pipeline.usage asks for it
-    where the client did not, and takes it out of what that client gets, after this)."""
+    """The rate-limit headers go on the answer (the client's `send` wrapped), and the answer's
+    usage is read as it passes (the first of its body's filters: every stream carries usage,
+    gateway.pipeline.usage asks for it where the client did not, and takes it out of what
+    that client gets, after this)."""
+
+    def read_usage(body: bytes) -> bytes:
+        if (n := total_tokens(body)) is not None:
+            ex.usage_tokens = n
+        return body
+
+    ex.body_filters.insert(0, read_usage)
+    if not headers:
+        return
     send = ex.send
 
-    async def watched(message: MutableMapping[str, Any]) -> None:
+    async def with_headers(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            if headers:
-                message = {**message, "headers": [*message["headers"], *headers]}
-        elif (body := message.get("body")) and (n := total_tokens(body)) is not None:
-            ex.usage_tokens = n
+            message = {**message, "headers": [*message["headers"], *headers]}
         await send(message)
 
-    ex.send = watched
+    ex.send = with_headers

@@ -416,6 +416,7 @@ class Upstream:
         stream that breaks can be ended or continued cleanly. None when the engine ended the
         stream (it is finished then); why it broke otherwise (the caller ends it)."""
         send, chunk, clock, transcript = ex.send, first, self.clock, ex.transcript
+        filters, write = ex.body_filters, ex.write_chunk
         held, last = b"", b""
         try:
             while chunk:
@@ -431,7 +432,12 @@ class Upstream:
                     if transcript is not None:
                         transcript.append(out)
                     last = out
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    for f in filters:
+                        out = f(out)
+                    if write is None:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    elif out and write(out):
+                        await write.drain()
                 chunk = await resp.content.readany()
             tail = relay.close()
             if transcript is not None and not (last + tail).endswith(_DONE_EVENT):
@@ -470,8 +476,8 @@ class Upstream:
     @staticmethod
     async def _end(ex: Exchange, tail: bytes) -> None:
         if tail:
-            await ex.send({"type": "http.response.body", "body": tail, "more_body": True})
-        await ex.send({"type": "http.response.body", "body": b""})
+            await ex.send_body(tail, more=True)
+        await ex.send_body(b"")
 
     # -- continuation ----------------------------------------------------------------------
     async def _continue(self, ex: Exchange, broken: str) -> str | None:

@@ -14,9 +14,6 @@ real tokens.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any
-
 from gateway.core.exchange import Exchange
 
 __all__ = ["ask_usage", "without_usage_events"]
@@ -51,12 +48,4 @@ def ask_usage(ex: Exchange) -> None:
     else:
         ex.set_field("stream_options", {**(options if isinstance(options, dict) else {}),
                                         "include_usage": True})  # fmt: skip
-    send = ex.send
-
-    async def stripped(message: MutableMapping[str, Any]) -> None:
-        body = message.get("body")
-        if body and _USAGE_ONLY in body:
-            message = {**message, "body": without_usage_events(body)}
-        await send(message)
-
-    ex.send = stripped
+    ex.body_filters.append(without_usage_events)
