@@ -32,7 +32,6 @@ from gateway.routing import (
     RouterState,
     Slo,
     build_policy,
-    in_flight,
 )
 from gateway.routing.curves import Prediction
 from loadtests.common.report import revision
@@ -69,8 +68,7 @@ def snapshot(backends: int = 3) -> LoadSnapshot:
         n = _INFLIGHT // backends + (i < _INFLIGHT % backends)
         tight = n // 4
         out.append(b)
-        slos = in_flight(((0.012, tight), (0.025, n - tight)))
-        loads[b.url] = BackendLoad(running=n, inflight=n, slos=slos)
+        loads[b.url] = BackendLoad(running=n, inflight=n, slos=((0.012, tight), (0.025, n - tight)))
         curves[b.url] = models[role]
     return LoadSnapshot(tuple(out), loads, 0.0, curves)
 

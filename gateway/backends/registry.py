@@ -23,7 +23,7 @@ from gateway.backends.outlier import Mode, OutlierState, Verdict
 from gateway.backends.state import InflightStore
 from gateway.config.settings import BackendConfig, Settings, kind_options
 from gateway.observe.telemetry import Telemetry
-from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role, in_flight
+from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
 from gateway.routing.curves import Prediction
 from gateway.wire import EngineKind, OwnTransport, WireAdapter
 from gateway.wire.kinds import BUILTIN
@@ -84,7 +84,7 @@ class BackendEntry:
     busy_at: float = 0.0
     # TPOT SLOs of the leases here, with counts (routing's harm check reads the tuple).
     slo_counts: dict[float, int] = field(default_factory=dict)
-    slos: tuple[tuple[float, int, float], ...] = ()
+    slos: tuple[tuple[float, int], ...] = ()
     # Per TPOT SLO, its mean count of leases here lately (CLASS_MEMORY_S), as of the last
     # change: routing keeps room for a tighter class that is often not in flight at the instant
     # it decides (a class that arrives rarely).
@@ -148,7 +148,7 @@ class BackendEntry:
         else:
             counts.pop(slo, None)
         # Tightest first: a decision sees at the first whether a tighter class is in flight.
-        self.slos = in_flight(counts.items())
+        self.slos = tuple(sorted(counts.items()))
 
     @functools.cached_property
     def auth(self) -> dict[str, str]:

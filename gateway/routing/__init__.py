@@ -24,7 +24,6 @@ from gateway.routing.types import (
     RouteRequest,
     RouterState,
     Slo,
-    in_flight,
 )
 
 __all__ = [
@@ -45,5 +44,4 @@ __all__ = [
     "RouterState",
     "Slo",
     "build_policy",
-    "in_flight",
 ]

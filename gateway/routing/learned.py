@@ -151,8 +151,9 @@ def _outlook(
     # are taken to share the request's. Summed as count x erf, halved and shifted once.
     now_sum = then_sum = 0.0
     known = 0
-    for _, count, log_s in load.slos:
+    for s, count in load.slos:
         known += count
+        log_s = log2(s) * _LN2
         now_sum += count * erf((log_s + o0) * z0)
         then_sum += count * erf((log_s + o1) * z1)
     if n > known:
@@ -221,7 +222,7 @@ class TighterClasses:
         lately: dict[float, float] = {}
         get = now.get
         for load in loads:
-            for s, count, _ in load.slos:  # tightest first
+            for s, count in load.slos:  # tightest first
                 if s >= bound:
                     break
                 now[s] = get(s, 0) + count
@@ -362,7 +363,7 @@ def _short(
             continue
         share = total / tighter.able(log_s) if shared else total
         own = 0
-        for slo, count, _ in load.slos:  # one entry per SLO
+        for slo, count in load.slos:  # one entry per SLO
             if slo == s:
                 own = count
                 break

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -23,7 +23,6 @@ __all__ = [
     "RouteRequest",
     "RouterState",
     "Slo",
-    "in_flight",
 ]
 
 
@@ -80,10 +79,9 @@ class BackendLoad:
     inflight: int = 0
     healthy: bool = True
     stale: bool = False
-    # The TPOT SLOs (seconds) of this gateway's requests in flight here, each with its count
-    # and its ln (read per candidate of every decision), tightest first (`in_flight`): the
-    # streams one more request would slow down, and by how much they may slow.
-    slos: tuple[tuple[float, int, float], ...] = ()
+    # The TPOT SLOs (seconds) of this gateway's requests in flight here, with their counts,
+    # tightest first: the streams one more request would slow down, and by how much they may slow.
+    slos: tuple[tuple[float, int], ...] = ()
     # Per TPOT SLO, the mean count of this gateway's streams here lately (a minute or so),
     # tightest first: the classes that come here, whether in flight now or not.
     recent: tuple[tuple[float, float], ...] = ()
@@ -105,12 +103,6 @@ class BackendLoad:
         if at is not None:
             return self.inflight + queued - at if queued > at else self.inflight
         return queued if queued > self.inflight else self.inflight
-
-
-def in_flight(counts: Iterable[tuple[float, int]]) -> tuple[tuple[float, int, float], ...]:
-    """`BackendLoad.slos` from (TPOT SLO, count) pairs, one per SLO: tightest first, each with
-    its ln (a very large negative number for an SLO of 0)."""
-    return tuple((s, n, math.log(s) if s > 0 else -1e9) for s, n in sorted(counts))
 
 
 # A backend the monitor has not reported yet: usable, nothing known about it but our own count.

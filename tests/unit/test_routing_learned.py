@@ -21,7 +21,6 @@ from gateway.routing import (
     RouterState,
     Slo,
     build_policy,
-    in_flight,
 )
 from gateway.routing.curves import KNOTS, Curve, Prediction
 from gateway.routing.learned import (
@@ -131,7 +130,7 @@ def _steps(before: float, after: float, spread: float = SHARP) -> Prediction:
 def test_what_one_more_request_would_do_to_a_backend(
     slos: tuple[tuple[float, int], ...], tpots: tuple[float, float], p: float, gain: float,
 ) -> None:  # fmt: skip
-    o = outlook(L0, BackendLoad(running=12, slos=in_flight(slos)), _steps(*tpots), INTERACTIVE,
+    o = outlook(L0, BackendLoad(running=12, slos=slos), _steps(*tpots), INTERACTIVE,
                 LEARNED.limits)  # fmt: skip
     assert o.p == pytest.approx(p, abs=1e-6)
     assert o.gain == pytest.approx(gain)
@@ -142,7 +141,7 @@ def test_what_one_more_request_would_do_to_a_backend(
 def test_at_the_slo_the_gain_counts_streams_by_their_chance() -> None:
     # The curve sits at 12 ms with and without the request: every stream meets it one time in
     # two, the request too: the expected output of 13 half-streams against 12.
-    o = outlook(L0, BackendLoad(running=12, slos=in_flight(((0.012, 12),))),
+    o = outlook(L0, BackendLoad(running=12, slos=((0.012, 12),)),
                 _steps(0.012, 0.012, 0.05), INTERACTIVE, LEARNED.limits)  # fmt: skip
     assert o.p == pytest.approx(0.5)
     assert o.gain == pytest.approx(0.5 / 0.012)
@@ -182,7 +181,7 @@ def test_where_nothing_meets_the_slo_the_request_goes_where_output_is_lost_least
     # 12 ms is out of reach: EAGLE at 64 streams (14.2 ms), AWQ at any load (14 ms). Standard
     # streams on EAGLE still meet theirs at 63 streams, but one more pushes EAGLE past 12.9 ...
     slos = ((STANDARD.tpot_s, 63),)
-    order, why = decide(snapshot(BackendLoad(running=63, slos=in_flight(slos)), load(5), load(6)),
+    order, why = decide(snapshot(BackendLoad(running=63, slos=slos), load(5), load(6)),
                         INTERACTIVE)  # fmt: skip
     assert why == Reason.HEADROOM
     # ... slowing 63 streams (output lost) for a request that misses anyway: AWQ loses less.
@@ -211,7 +210,7 @@ def test_a_request_that_would_push_running_streams_past_their_slo_goes_elsewhere
     pred = eagle()
     edge = next(n for n in range(1, 200) if pred.tpot.at(n + 1) > INTERACTIVE.tpot_s)
     assert 40 < edge < 64
-    running = BackendLoad(running=edge, slos=in_flight(((INTERACTIVE.tpot_s, edge),)))
+    running = BackendLoad(running=edge, slos=((INTERACTIVE.tpot_s, edge),))
     # A standard request would fit EAGLE's 25 ms, but would push the interactive ones past 12.
     order, why = decide(snapshot(running, load(30), load(30)), STANDARD)
     assert order[0] != L0.url
@@ -221,7 +220,7 @@ def test_a_request_that_would_push_running_streams_past_their_slo_goes_elsewhere
     assert pushed.gain < -(edge // 2) / pred.tpot.at(edge)
     # Two streams fewer, and no one is pushed (the curve then stays 1.5% within 12 ms): the
     # request adds its own output, less what it slows the others.
-    fewer = BackendLoad(running=edge - 2, slos=in_flight(((INTERACTIVE.tpot_s, edge - 2),)))
+    fewer = BackendLoad(running=edge - 2, slos=((INTERACTIVE.tpot_s, edge - 2),))
     assert 0 < outlook(L0, fewer, pred, STANDARD, LEARNED.limits).gain < 1 / pred.tpot.at(edge)
 
 
@@ -256,7 +255,7 @@ def test_a_queue_in_a_latency_engine_is_full_as_in_a_pool_engine(
     l0: BackendLoad, latency_first: bool, why: str
 ) -> None:
     edge = next(n for n in range(1, 400) if awq().tpot.at(n + 1) > STANDARD.tpot_s)
-    at_edge = BackendLoad(running=edge, slos=in_flight(((STANDARD.tpot_s, edge),)))
+    at_edge = BackendLoad(running=edge, slos=((STANDARD.tpot_s, edge),))
     order, reason = decide(snapshot(l0, at_edge, at_edge), STANDARD)
     assert (order[0] == L0.url, reason) == (latency_first, why)
     if not latency_first:
@@ -278,7 +277,7 @@ def test_no_backend() -> None:
 def _with(running: int, *slos: tuple[Slo, int], waiting: int = 0) -> BackendLoad:
     # Tightest first, as the registry keeps them.
     return BackendLoad(running=running, waiting=waiting,
-                       slos=in_flight((slo.tpot_s, count) for slo, count in slos))  # fmt: skip
+                       slos=tuple(sorted((slo.tpot_s, count) for slo, count in slos)))  # fmt: skip
 
 
 # EAGLE (the fixture's curve) holds 12 ms up to 53 streams; AWQ never; both 25 ms. For a standard

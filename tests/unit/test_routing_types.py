@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
-from gateway.routing import BackendLoad, LoadSnapshot, Reason, Role, in_flight
+from gateway.routing import BackendLoad, LoadSnapshot, Reason, Role
 from tests.unit.routingfixtures import T0, T1, load, snap
 
 
@@ -62,22 +61,3 @@ def test_values_are_frozen() -> None:
         load().running = 3  # type: ignore[misc]
     assert Role("latency") is Role.LATENCY
     assert str(Reason.GOLDEN_RANGE) == "golden_range"
-
-
-@pytest.mark.parametrize(
-    ("counts", "slos"),
-    [
-        pytest.param((), (), id="none"),
-        pytest.param(((0.025, 3), (0.012, 1)), ((0.012, 1, math.log(0.012)),
-                                                (0.025, 3, math.log(0.025))),
-                     id="tightest-first-each-with-its-ln"),
-        # A lease without an SLO counts under infinity; one of 0 under a very large negative ln.
-        pytest.param(((math.inf, 2), (0.0, 1)), ((0.0, 1, -1e9), (math.inf, 2, math.inf)),
-                     id="no-slo-and-zero"),
-    ],
-)
-def test_the_slos_in_flight(
-    counts: tuple[tuple[float, int], ...], slos: tuple[tuple[float, int, float], ...]
-) -> None:
-    assert in_flight(counts) == slos
-    assert BackendLoad(slos=in_flight(counts)).slos == slos
