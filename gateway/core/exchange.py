@@ -23,7 +23,7 @@ __all__ = [
     "NO_DECISION",
     "Allowance",
     "Caller",
-    "ChunkWriter",
+    "ConnectionWriter",
     "Endpoint",
     "Exchange",
     "Send",
@@ -99,17 +99,23 @@ class Trace(Protocol):
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-class ChunkWriter(Protocol):
-    """The server's direct writer of a streamed answer's body (gateway.serve.server): what an
-    ASGI `http.response.body` message with more to come does, without the message. A stream
-    writes one per chunk the engine sends, so what it saves is saved per token."""
+class ConnectionWriter(Protocol):
+    """The server's direct writes to the client's connection (gateway.serve.server), for what
+    the gateway writes most: a stream's chunks (one per chunk the engine sends, so what it
+    saves is saved per token) and whole answers (one write instead of two)."""
 
-    def __call__(self, body: bytes) -> bool:
-        """Write `body` (not empty); True when the client reads slower than it is written:
-        `drain` before the next."""
+    def chunk(self, body: bytes) -> bool:
+        """What an ASGI `http.response.body` message with more to come does, without the
+        message: `body` (not empty) as a chunk of the chunked answer in progress. True when the
+        client reads slower than it is written: `drain` before the next."""
         ...
 
     async def drain(self) -> None: ...
+
+    def held(self) -> AbstractContextManager[None]:
+        """While in it, the answer's start (status line, headers) is held and written with the
+        body's first bytes."""
+        ...
 
 DEFAULT_SLO = Slo()
 # What an exchange holds until routing has decided: no candidates, no policy.
@@ -194,8 +200,8 @@ class Exchange:
     # stream): those that read it (usage, for limits) before those that change it (the usage
     # events the client did not ask for taken out).
     body_filters: list[Callable[[bytes], bytes]] = field(default_factory=list)
-    # The server's direct writer of a stream's chunks (None: ASGI messages only).
-    write_chunk: ChunkWriter | None = None
+    # The server's direct writes to the client (None: ASGI messages only).
+    writer: ConnectionWriter | None = None
 
     def set_field(self, key: str, value: object) -> None:
         """Change a field of the request as the engines will get it (the body re-encoded)."""
@@ -208,10 +214,17 @@ class Exchange:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A whole response: `headers` get its content-length."""
+        """A whole response: `headers` get its content-length. Written in one piece where the
+        server can (its start held for its body)."""
         body = self.filtered(body)
-        await self.start_response(status, [*headers, (b"content-length", str(len(body)).encode())])
-        await self.send({"type": "http.response.body", "body": body})
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        if self.writer is None:
+            await self.start_response(status, headers)
+            await self.send({"type": "http.response.body", "body": body})
+            return
+        with self.writer.held():
+            await self.start_response(status, headers)
+            await self.send({"type": "http.response.body", "body": body})
 
     def filtered(self, body: bytes) -> bytes:
         """`body` through `body_filters`."""

@@ -416,7 +416,7 @@ class Upstream:
         stream that breaks can be ended or continued cleanly. None when the engine ended the
         stream (it is finished then); why it broke otherwise (the caller ends it)."""
         send, chunk, clock, transcript = ex.send, first, self.clock, ex.transcript
-        filters, write = ex.body_filters, ex.write_chunk
+        filters, writer = ex.body_filters, ex.writer
         held, last = b"", b""
         try:
             while chunk:
@@ -434,10 +434,10 @@ class Upstream:
                     last = out
                     for f in filters:
                         out = f(out)
-                    if write is None:
+                    if writer is None:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
-                    elif out and write(out):
-                        await write.drain()
+                    elif out and writer.chunk(out):
+                        await writer.drain()
                 chunk = await resp.content.readany()
             tail = relay.close()
             if transcript is not None and not (last + tail).endswith(_DONE_EVENT):

@@ -49,7 +49,7 @@ from gateway.pipeline.tenants import ANONYMOUS
 from gateway.serve import admin
 from gateway.serve.assembly import Gateway, Hosting, open_gateway
 from gateway.serve.planning import Planning
-from gateway.serve.server import CHUNK_WRITER, CLIENT_GONE
+from gateway.serve.server import CLIENT_GONE, CONNECTION_WRITER
 
 if TYPE_CHECKING:
     pass
@@ -73,7 +73,7 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw: Gateway = scope["state"]["gateway"]
         ex = gw.intake.open(self.endpoint, scope, send)
-        ex.write_chunk = scope.get(CHUNK_WRITER)
+        ex.writer = scope.get(CONNECTION_WRITER)
         if gw.tracing is not None:
             ex.trace = gw.tracing.begin(ex)
         # ASGI servers run each request in a task of its own: the drain may cancel it.

@@ -1,5 +1,5 @@
-"""A streamed answer's chunks written straight to the connection (gateway.serve.server's
-`ChunkWriter`): the bytes uvicorn's `send` would write, its flow control, a client gone."""
+"""Writes straight to a request's connection (gateway.serve.server's `ConnectionWriter`): the
+bytes uvicorn's `send` would write, in fewer writes; its flow control; a client gone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.serve.server import ChunkWriter
+from gateway.serve.server import ConnectionWriter
 
 
 class Transport:
@@ -65,8 +65,8 @@ async def test_the_bytes_are_those_send_writes() -> None:
 
     direct, written = cycle()
     await direct.send(START)
-    write = ChunkWriter(direct)
-    assert [write(chunk) for chunk in CHUNKS] == [False] * len(CHUNKS)
+    writer = ConnectionWriter(direct)
+    assert [writer.chunk(chunk) for chunk in CHUNKS] == [False] * len(CHUNKS)
     await direct.send({"type": "http.response.body", "body": b""})
 
     assert written.written == sent.written
@@ -76,16 +76,16 @@ async def test_the_bytes_are_those_send_writes() -> None:
 async def test_a_client_reading_slower_is_waited_for() -> None:
     c, _ = cycle()
     await c.send(START)
-    write = ChunkWriter(c)
+    writer = ConnectionWriter(c)
     c.flow.pause_writing()  # the transport's buffer is past its high-water mark
-    assert write(b"a") is True
-    drained = asyncio.ensure_future(write.drain())
+    assert writer.chunk(b"a") is True
+    drained = asyncio.ensure_future(writer.drain())
     await asyncio.sleep(0)
     assert not drained.done()
     c.flow.resume_writing()
     await asyncio.wait_for(drained, 5)
-    assert write(b"b") is False
-    await write.drain()  # nothing to wait for
+    assert writer.chunk(b"b") is False
+    await writer.drain()  # nothing to wait for
 
 
 async def test_nothing_is_written_to_a_client_gone() -> None:
@@ -93,7 +93,7 @@ async def test_nothing_is_written_to_a_client_gone() -> None:
     await c.send(START)
     before = list(transport.written)
     c.disconnected = True
-    assert ChunkWriter(c)(b"a") is False
+    assert ConnectionWriter(c).chunk(b"a") is False
     assert transport.written == before
 
 
@@ -104,4 +104,41 @@ async def test_a_chunk_outside_a_chunked_answer_in_progress_is_a_bug(when: str) 
         await c.send(START)
         await c.send({"type": "http.response.body", "body": b""})
     with pytest.raises(RuntimeError):
-        ChunkWriter(c)(b"a")
+        ConnectionWriter(c).chunk(b"a")
+
+
+WHOLE = [
+    {"type": "http.response.start", "status": 200,
+     "headers": [(b"content-type", b"application/json"), (b"content-length", b"2")]},
+    {"type": "http.response.body", "body": b"{}"},
+]  # fmt: skip
+
+
+async def test_a_whole_answer_held_goes_out_in_one_write() -> None:
+    by_send, sent = cycle()
+    for message in WHOLE:
+        await by_send.send(message)
+    assert len(sent.written) == 2  # uvicorn: the start, then the body
+
+    held, written = cycle()
+    with ConnectionWriter(held).held():
+        for message in WHOLE:
+            await held.send(message)
+    assert written.written == [b"".join(sent.written)]
+    assert held.response_complete
+    assert held.transport is written
+
+
+async def test_a_start_held_with_no_body_after_it_is_still_written() -> None:
+    c, written = cycle()
+
+    async def fails_after_its_start() -> None:
+        with ConnectionWriter(c).held():
+            await c.send(WHOLE[0])
+            raise LookupError("the app failed between its start and its body")
+
+    with pytest.raises(LookupError, match="between its start and its body"):
+        await fails_after_its_start()
+    assert len(written.written) == 1
+    assert written.written[0].startswith(b"HTTP/1.1 200")
+    assert c.transport is written
