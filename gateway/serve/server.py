@@ -86,42 +86,23 @@ CLIENT_GONE = "tiergate.client_gone"
 CONNECTION_WRITER = "tiergate.connection_writer"
 
 
-class _Held:
-    """A connection's transport, for one answer: the first write (its start) is held and goes
-    out with the next (its body), one system call and one packet instead of two; the rest
-    goes to the transport."""
-
-    __slots__ = ("_head", "_transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._head: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        if self._head is None:
-            self._head = data
-            return
-        head, self._head = self._head, b""
-        self._transport.write(head + data if head else data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class ConnectionWriter:
     """Writes to a request's connection past uvicorn's `send` (its cycle's state kept as
     `send` keeps it), for what the gateway writes most:
     - `chunk`: a chunked answer's body chunk, what `send` does with an `http.response.body`
       message that has more to come, without the message, its checks and two coroutines (the
       relay writes one per chunk the engine sends);
-    - `held`: an answer's start held for its body, one write for a whole small answer (under
-      `wrk -c64` the two writes were a quarter of the gateway's CPU per small request).
+    - `held`: an answer's start held for its body, one write (a system call and a packet) for a
+      whole small answer instead of two: while in it, this object is the cycle's transport,
+      holding the first write for the next.
     The answer's start and its end still go through `send`."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle", "_head", "_transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
+        self._transport: asyncio.Transport = cycle.transport
+        self._head: bytes | None = None
 
     def chunk(self, body: bytes) -> bool:
         cycle = self._cycle
@@ -137,18 +118,33 @@ class ConnectionWriter:
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
 
-    @contextlib.contextmanager
-    def held(self) -> Generator[None, None, None]:
+    # -- held: a context manager of its own (a generator's costs a few us per answer) ---------
+    def held(self) -> ConnectionWriter:
+        return self
+
+    def __enter__(self) -> None:
         cycle = self._cycle
-        transport = cycle.transport
-        held = _Held(transport)
-        cycle.transport = held  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            cycle.transport = transport
-            if held._head and not transport.is_closing():  # a start and no body after it
-                transport.write(held._head)
+        self._transport, self._head = cycle.transport, None
+        cycle.transport = self  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        transport = self._transport
+        self._cycle.transport = transport
+        head, self._head = self._head, None
+        if head and not transport.is_closing():  # a start and no body after it
+            transport.write(head)
+
+    def write(self, data: bytes) -> None:
+        """The transport's `write` while held: the first write waits for the next."""
+        head = self._head
+        if head is None:
+            self._head = data
+            return
+        self._head = b""
+        self._transport.write(head + data if head else data)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the transport, while held
+        return getattr(self._transport, name)
 
 
 class Guard:
