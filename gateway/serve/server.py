@@ -22,6 +22,11 @@ that misbehave and for shutting down without cutting anyone.
   writing (FIN), reads and discards what the client still sends for a moment, then closes:
   closing at once with unread data would reset the connection and lose the answer.
 
+`ConnectionWriter`, one per request (in its scope): the writes the gateway makes most, past
+uvicorn's `send` and with its cycle's state kept as `send` keeps it: a stream's chunks (one per
+chunk the engine sends, so what it saves is saved per token), and a whole answer's start held
+for its body (one write, a system call and a packet, instead of two).
+
 `GatewayServer`, uvicorn's server with the gateway's own signal handling: on SIGTERM or SIGINT
 /ready turns 503 at once (`Drain.begin`), requests are still served for
 `shutdown.pre_stop_delay_s`, then the listener closes and requests in flight get
