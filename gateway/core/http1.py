@@ -54,8 +54,8 @@ class Http1Response:
     back to the pool if the body was read whole), `close` to drop it (a pending read fails)."""
 
     __slots__ = (
-        "_buf", "_conn", "_deadline", "_done", "_error", "_lines", "_sink", "_timer", "_waiter",
-        "headers", "status",
+        "_buf", "_conn", "_deadline", "_done", "_error", "_lines", "_timer", "_waiter", "headers",
+        "status",
     )  # fmt: skip
 
     def __init__(self, conn: _Conn) -> None:
@@ -71,68 +71,10 @@ class Http1Response:
         # enforces it (None: not armed).
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._sink: Callable[[bytes], None] | None = None  # where `pipe` sends the body
 
     @property
     def content(self) -> Http1Response:
         return self
-
-    def pipe(self, sink: Callable[[bytes], None]) -> asyncio.Future[None]:
-        """From now on the body goes to `sink` as it arrives, called from the connection's own
-        callbacks: no task is woken per chunk (a stream's relay is most of the gateway's work
-        per token). What arrived before goes first. The future is done at the body's end, once
-        `sink` has had the last bytes, and fails as `readany` would (the connection lost,
-        nothing read for the read timeout) or with what `sink` raised. `unpipe` ends it; `pause`
-        and `resume` hold the engine back while the reader cannot keep up."""
-        loop = self._conn.loop
-        done = self._waiter = loop.create_future()
-        self._sink = sink
-        self._deadline = loop.time() + self._conn.pool.read_timeout_s
-        if self._timer is None:
-            self._timer = loop.call_at(self._deadline, self._expire)
-        if self._buf:
-            data = b"".join(self._buf)
-            self._buf.clear()
-            self._conn.drained()
-            self._push(data)
-        if self._error is not None or self._done:
-            self._wake()
-        return done
-
-    def unpipe(self) -> None:
-        self._sink = None
-        if self._waiter is not None and self._waiter.done():
-            self._waiter = None
-
-    def pause(self) -> None:
-        conn = self._conn
-        if not conn.paused and conn.transport is not None:
-            conn.paused = True
-            conn.transport.pause_reading()
-
-    def resume(self) -> None:
-        self._conn.drained()
-
-    def _push(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is None:
-            return
-        lines = self._lines
-        if lines is not None:
-            data = lines.feed(data)
-            if lines.plain:  # the engine writes the canonical form: nothing more to rewrite
-                self._lines = None
-            if not data:
-                return
-        conn = self._conn
-        self._deadline = conn.loop.time() + conn.pool.read_timeout_s  # a timeout per read
-        try:
-            sink(data)
-        except BaseException as e:  # the sink's own failure ends the pipe, with it
-            self._sink = None
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(e)
 
     async def readany(self) -> bytes:
         """What has arrived since the last read, waiting for something if nothing has; b"" at
@@ -197,10 +139,7 @@ class Http1Response:
         waiter = self._waiter
         if waiter is None or waiter.done():
             return  # nothing waits: the next wait arms it again
-        conn = self._conn
-        loop = conn.loop
-        if conn.paused:  # held back by its reader (`pause`): not the engine's silence
-            self._deadline = loop.time() + conn.pool.read_timeout_s
+        loop = self._conn.loop
         if loop.time() < self._deadline:
             self._timer = loop.call_at(self._deadline, self._expire)
         else:
@@ -214,22 +153,8 @@ class Http1Response:
     # -- fed by the connection ---------------------------------------------------------------
     def _wake(self) -> None:
         w = self._waiter
-        if w is None or w.done():
-            return
-        sink = self._sink
-        if sink is None:
+        if w is not None and not w.done():
             w.set_result(None)
-        elif self._error is not None:
-            w.set_exception(self._error)
-        elif self._done:  # a piped body ends: what the line rewriter held back goes last
-            tail = self._lines.flush() if self._lines is not None else b""
-            try:
-                if tail:
-                    sink(tail)
-            except BaseException as e:
-                w.set_exception(e)
-            else:
-                w.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -325,9 +250,6 @@ class _Conn(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         resp = self.resp
         if resp is None:
-            return
-        if resp._sink is not None:
-            resp._push(body)
             return
         resp._buf.append(body)
         resp._wake()

@@ -19,7 +19,6 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import aiohttp
@@ -27,8 +26,8 @@ import aiohttp
 from gateway.backends.registry import BackendEntry, Lease, Registry
 from gateway.config.settings import Settings
 from gateway.core.errors import error_json
-from gateway.core.exchange import ConnectionWriter, Exchange, Trace
-from gateway.core.http1 import Http1Pool, Http1Response
+from gateway.core.exchange import Exchange, Trace
+from gateway.core.http1 import Http1Pool
 from gateway.core.transport import UpstreamResponse
 from gateway.observe.telemetry import Telemetry
 from gateway.pipeline.continuation import SplicedRelay, continued_body, replay, whole_events
@@ -416,44 +415,30 @@ class Upstream:
         and noting each chunk's arrival for the watchdog. Only whole SSE events go out, so a
         stream that breaks can be ended or continued cleanly. None when the engine ended the
         stream (it is finished then); why it broke otherwise (the caller ends it)."""
-        send, clock, transcript = ex.send, self.clock, ex.transcript
+        send, chunk, clock, transcript = ex.send, first, self.clock, ex.transcript
         filters, writer = ex.body_filters, ex.writer
         held, last = b"", b""
-
-        def step(chunk: bytes) -> bytes:
-            """One chunk of the engine's: the whole events in it, as the client gets them."""
-            nonlocal held, last
-            lease.last_io = now = clock()
-            out, text = relay.feed(chunk)
-            if text:
-                if ex.first_text_at is None:
-                    ex.first_text_at = now
-                ex.last_text_at = now
-            if held or (out and not out.endswith(b"\n\n")):
-                out, held = whole_events(held, out)
-            if not out:
-                return b""
-            if transcript is not None:
-                transcript.append(out)
-            last = out
-            for f in filters:
-                out = f(out)
-            return out
-
         try:
-            if writer is not None and isinstance(resp, Http1Response):
-                await self._piped(resp, first, step, writer)
-            else:
-                chunk = first
-                while chunk:
-                    out = step(chunk)
-                    if out:
-                        if writer is None:
-                            await send({"type": "http.response.body", "body": out,
-                                        "more_body": True})  # fmt: skip
-                        elif writer.chunk(out):
-                            await writer.drain()
-                    chunk = await resp.content.readany()
+            while chunk:
+                lease.last_io = now = clock()
+                out, text = relay.feed(chunk)
+                if text:
+                    if ex.first_text_at is None:
+                        ex.first_text_at = now
+                    ex.last_text_at = now
+                if held or (out and not out.endswith(b"\n\n")):
+                    out, held = whole_events(held, out)
+                if out:
+                    if transcript is not None:
+                        transcript.append(out)
+                    last = out
+                    for f in filters:
+                        out = f(out)
+                    if writer is None:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    elif out and writer.chunk(out):
+                        await writer.drain()
+                chunk = await resp.content.readany()
             tail = relay.close()
             if transcript is not None and not (last + tail).endswith(_DONE_EVENT):
                 raise aiohttp.ClientPayloadError("the stream ended before [DONE]")
@@ -475,35 +460,6 @@ class Upstream:
             ex.midstream_error = "engine_error"
         await self._end(ex, tail)
         return None
-
-    @staticmethod
-    async def _piped(
-        resp: Http1Response, first: bytes, step: Callable[[bytes], bytes], writer: ConnectionWriter
-    ) -> None:
-        """The stream pushed from the engine's connection through `step` to the client's
-        (gateway.core.http1's `pipe`): no task woken per chunk. The engine is held back while
-        the client reads slower than it writes."""
-        resuming: set[asyncio.Task[None]] = set()
-
-        async def resume_when_drained() -> None:
-            await writer.drain()
-            resp.resume()
-
-        def sink(chunk: bytes) -> None:
-            out = step(chunk)
-            if out and writer.chunk(out) and not resuming:
-                resp.pause()
-                task = asyncio.get_running_loop().create_task(resume_when_drained())
-                resuming.add(task)
-                task.add_done_callback(resuming.discard)
-
-        sink(first)
-        try:
-            await resp.pipe(sink)
-        finally:
-            resp.unpipe()
-            for task in resuming:
-                task.cancel()
 
     def _broken(self, ex: Exchange, lease: Lease, error: str, message: str) -> str:
         ex.midstream_error = error

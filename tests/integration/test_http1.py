@@ -11,7 +11,6 @@ import aiohttp
 import pytest
 
 from gateway.core.http1 import Http1Pool
-from tests.integration.stack import wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -309,85 +308,3 @@ async def test_a_finished_response_cannot_close_the_next_request_on_its_connecti
         second.release()
         await p.aclose()
     assert srv.connections == 1
-
-
-def chunk(data: bytes) -> bytes:
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-async def test_a_piped_body_reaches_its_sink_as_it_arrives_in_the_canonical_form() -> None:
-    """`pipe`: what arrived before it first, then each chunk from the connection's callback,
-    event lines rewritten as `readany` gives them (CRLF here), the held-back piece at the end;
-    the future done once the sink has it all, and the connection reusable."""
-    go = asyncio.Event()
-
-    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        for _ in range(2):
-            await read_request(r)
-            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                    b"transfer-encoding: chunked\r\n\r\n" + chunk(b"data: a\r\n\r\n"))  # fmt: skip
-            await w.drain()
-            await go.wait()
-            # An event whose CRLF is split across two chunks, the CR held back in between.
-            w.write(chunk(b"data: b\r") + chunk(b"\n\r\n") + b"0\r\n\r\n")
-            await w.drain()
-
-    async with serving(stream) as srv:
-        p = pool()
-        resp = await p.post(srv.url, "/x", b"", {})
-        got: list[bytes] = []
-        first = await resp.readany()  # as the relay reads its first bytes
-        done = resp.pipe(got.append)
-        go.set()
-        await asyncio.wait_for(done, 5)
-        assert first + b"".join(got) == b"data: a\n\ndata: b\n\n"
-        resp.unpipe()
-        resp.release()
-        resp2 = await p.post(srv.url, "/x", b"", {})  # the same connection, reused
-        assert srv.connections == 1
-        resp2.close()
-        await p.aclose()
-
-
-async def test_a_pipe_fails_as_a_read_would_or_with_its_sink() -> None:
-    async def stalls(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await read_request(r)
-        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
-        await w.drain()
-        await asyncio.sleep(0.3)
-        w.write(b"1\r\nb\r\n")
-        await asyncio.sleep(5)
-
-    async with serving(stalls) as srv:
-        p = pool(read_timeout_s=0.2)
-        # The engine silent past the read timeout.
-        resp = await p.post(srv.url, "/x", b"", {})
-        got: list[bytes] = []
-        with pytest.raises(aiohttp.ServerTimeoutError):
-            await asyncio.wait_for(resp.pipe(got.append), 5)
-        assert got == [b"a"]
-        resp.unpipe()
-        resp.close()
-        # Held back by its reader (`pause`): no timeout however long; what came since is
-        # delivered once resumed.
-        resp = await p.post(srv.url, "/x", b"", {})
-        got = []
-        done = resp.pipe(got.append)
-        resp.pause()
-        await asyncio.sleep(0.5)
-        assert not done.done()
-        resp.resume()
-        await wait_until_async(lambda: got == [b"a", b"b"], "the chunk held back delivered")
-        resp.unpipe()
-        resp.close()
-        # The sink fails: the pipe fails with it.
-        resp = await p.post(srv.url, "/x", b"", {})
-
-        def broken(_: bytes) -> None:
-            raise LookupError("the sink's own failure")
-
-        with pytest.raises(LookupError, match="sink's own"):
-            await asyncio.wait_for(resp.pipe(broken), 5)
-        resp.unpipe()
-        resp.close()
-        await p.aclose()
