@@ -117,6 +117,7 @@ class ConnectionWriter(Protocol):
         body's first bytes."""
         ...
 
+
 DEFAULT_SLO = Slo()
 # What an exchange holds until routing has decided: no candidates, no policy.
 NO_DECISION = Decision(candidates=(), reason="", policy="", state=RouterState())
