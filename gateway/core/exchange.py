@@ -11,6 +11,7 @@ every function of the path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from contextlib import AbstractContextManager
@@ -118,6 +119,8 @@ class ConnectionWriter(Protocol):
         ...
 
 
+# Where the server writes nothing past `send`: an answer's start goes out when sent.
+_NOT_HELD: AbstractContextManager[None] = contextlib.nullcontext()
 DEFAULT_SLO = Slo()
 # What an exchange holds until routing has decided: no candidates, no policy.
 NO_DECISION = Decision(candidates=(), reason="", policy="", state=RouterState())
@@ -219,11 +222,7 @@ class Exchange:
         server can (its start held for its body)."""
         body = self.filtered(body)
         headers = [*headers, (b"content-length", str(len(body)).encode())]
-        if self.writer is None:
-            await self.start_response(status, headers)
-            await self.send({"type": "http.response.body", "body": body})
-            return
-        with self.writer.held():
+        with _NOT_HELD if self.writer is None else self.writer.held():
             await self.start_response(status, headers)
             await self.send({"type": "http.response.body", "body": body})
 

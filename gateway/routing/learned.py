@@ -249,12 +249,7 @@ class TighterClasses:
         if count is None:
             count = 0
             for pred in self.preds:
-                if pred is None or not pred.frontier:
-                    continue
-                limit = pred.limits.get(log_s)  # most_streams' memory, read without a call
-                if limit is None:
-                    limit = most_streams(log_s, pred)
-                if limit:
+                if pred is not None and pred.frontier and most_streams(log_s, pred):
                     count += 1
             self._able[log_s] = count
         return count
