@@ -338,6 +338,19 @@ class LogSpread:
         return math.sqrt(max(self.var, 0.0))
 
 
+def _sampled_at(last: EngineSample, sample: EngineSample) -> float:
+    """The concurrency the interval's inter-token samples were taken at, by this gateway's
+    leases: their count weighted by itself (a step with n streams gives n samples). The two
+    scrapes' running counts miss a burst that came and went between them, and the samples
+    it gave, at its own load, would be read at theirs: a busy step taken for a quiet one,
+    the curve steep where it is flat. 0 where not known, or where the engine queued at both
+    scrapes (leases waiting in its queue give no samples; its running count is right then)."""
+    if last.leases is None or sample.leases is None or (last.waiting and sample.waiting):
+        return 0.0
+    area = sample.leases[0] - last.leases[0]
+    return (sample.leases[1] - last.leases[1]) / area if area > 0 else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSample:
     """What one scrape of an engine says, summed over its models."""
@@ -346,6 +359,10 @@ class EngineSample:
     itl_sum: float | None = None  # inter-token latency histogram: one sample per engine step
     itl_count: float | None = None
     spec: tuple[float, float, float] | None = None  # drafts, draft tokens, accepted tokens
+    waiting: float = 0.0
+    # This gateway's leases on the engine up to the scrape: the integrals of their count and of
+    # its square (gateway.backends.registry.BackendEntry.load_marks); None where not known.
+    leases: tuple[float, float] | None = None
 
 
 class BackendModel:
@@ -390,7 +407,7 @@ class BackendModel:
         step_s = (sample.itl_sum - last.itl_sum) / steps
         # vLLM observes one inter-token latency per request per engine step, however many
         # tokens the step gave it: with speculation that is the step time, not the TPOT.
-        n = (sample.running + last.running) / 2
+        n = max((sample.running + last.running) / 2, _sampled_at(last, sample))
         if self.tpot.observe(n, step_s / (self.tps or 1.0)):
             # Held for the whole interval: the fewer of the two ends.
             self.frontier = max(self.frontier, int(min(sample.running, last.running)))

@@ -36,14 +36,19 @@ __all__ = ["SHOWN_CONCURRENCIES", "Learner", "engine_sample", "slo_limit"]
 SHOWN_CONCURRENCIES = (1, 8, 16, 24, 32, 48, 64)
 
 
-def engine_sample(stats: Mapping[str, EngineStats]) -> EngineSample:
-    """One scrape's figures, summed over the engine's models."""
+def engine_sample(
+    stats: Mapping[str, EngineStats], leases: tuple[float, float] | None = None
+) -> EngineSample:
+    """One scrape's figures, summed over the engine's models; `leases`: this gateway's marks
+    of its leases there at the scrape (EngineSample.leases)."""
     s = list(stats.values())
     itl = [x for x in s if x.itl_sum is not None and x.itl_count is not None]
     spec = [x for x in s if x.spec_drafts is not None and x.spec_draft_tokens is not None
             and x.spec_accepted_tokens is not None]  # fmt: skip
     return EngineSample(
         running=sum(x.running for x in s),
+        waiting=sum(x.waiting for x in s),
+        leases=leases,
         itl_sum=sum(x.itl_sum or 0.0 for x in itl) if itl else None,
         itl_count=sum(x.itl_count or 0.0 for x in itl) if itl else None,
         spec=(
@@ -124,7 +129,9 @@ class Learner:
         self._follow()
         if entry.url not in self.models:
             return
-        self.models[entry.url].observe_engine(engine_sample(stats), now)
+        # (Marked now, not at `now`, the round's start: leases may have changed since.)
+        sample = engine_sample(stats, entry.load_marks(self.clock()))
+        self.models[entry.url].observe_engine(sample, now)
         self._dirty.add(entry.url)
 
     def finished(self, ex: Exchange) -> None:

@@ -78,9 +78,13 @@ class BackendEntry:
     # Attempts streaming from here: an ejection, or their engine going silent, cuts them.
     streaming: set[Lease] = field(default_factory=set)
     # This gateway's leases here over time: their count, and its integral up to `busy_at`, so
-    # a request's mean concurrency over any span is a subtraction (the latency model's input).
+    # a request's mean concurrency over any span is a subtraction (the latency model's input);
+    # and the integral of its square: over a span, square / area is the count as the streams
+    # themselves saw it (each weighs by how many were there), the load an engine's
+    # inter-token samples (one per stream per step) were taken at.
     busy: int = 0
     busy_area: float = 0.0
+    busy_square: float = 0.0
     busy_at: float = 0.0
     # TPOT SLOs of the leases here, with counts (routing's harm check reads the tuple).
     slo_counts: dict[float, int] = field(default_factory=dict)
@@ -127,6 +131,11 @@ class BackendEntry:
         """(integral of the lease count up to `now`, `now`): two marks give a mean."""
         return self.busy_area + self.busy * (now - self.busy_at), now
 
+    def load_marks(self, now: float) -> tuple[float, float]:
+        """(integral of the lease count, of its square) up to `now`."""
+        held = now - self.busy_at
+        return self.busy_area + self.busy * held, self.busy_square + self.busy**2 * held
+
     def count_lease(self, delta: int, slo: float, now: float) -> None:
         counts, recent = self.slo_counts, self.slo_recent
         if now > self.busy_at:
@@ -139,7 +148,9 @@ class BackendEntry:
                 else:
                     recent[s] = mean
             self.recent = tuple(sorted(recent.items()))
-        self.busy_area += self.busy * (now - self.busy_at)
+        held, busy = now - self.busy_at, self.busy
+        self.busy_area += busy * held
+        self.busy_square += busy * busy * held
         self.busy_at = now
         self.busy += delta
         left = counts.get(slo, 0) + delta

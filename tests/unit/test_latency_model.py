@@ -269,6 +269,44 @@ def test_scrapes_move_the_frontier_by_what_held_through_the_interval() -> None:
     assert m.prediction().frontier == 10
 
 
+def test_a_burst_between_two_scrapes_is_learned_at_its_own_load() -> None:
+    """30 streams came and went between two idle scrapes: their steps' inter-token samples are
+    read at the load the gateway's leases had (weighted by themselves), not at the scrapes'
+    0 and 0, which would teach a quiet engine a busy step."""
+    burst = 30.0 * 30.0 * 0.1  # 30 leases for 0.1 s: integral of the count's square
+    m = model()
+    m.observe_engine(EngineSample(running=1, itl_sum=0.0, itl_count=0.0, leases=(0.0, 0.0)), 0.0)
+    # Quiet: one stream, steps of 20 ms.
+    m.observe_engine(EngineSample(running=1, itl_sum=0.02 * 10, itl_count=10.0,
+                                  leases=(0.2, 0.2)), 0.2)  # fmt: skip
+    # The burst: 30 streams for 0.1 s, 300 samples of 40 ms steps; idle at the scrape.
+    m.observe_engine(EngineSample(running=0, itl_sum=0.2 + 0.04 * 300, itl_count=310.0,
+                                  leases=(0.2 + 3.0, 0.2 + burst)), 0.4)  # fmt: skip
+    p = m.prediction()
+    assert p.frontier == 1  # held through an interval: one stream, no more
+    assert p.tpot.at(1) == pytest.approx(0.020, rel=0.1)  # not 40 ms at the scrapes' mean
+    assert p.tpot.evidence_at(30) > 0  # learned where it ran
+
+
+@pytest.mark.parametrize(
+    ("waiting", "at"),
+    [((0.0, 0.0), 30.0), ((3.0, 0.0), 30.0), ((3.0, 5.0), 10.0)],
+)
+def test_an_engine_queueing_at_both_scrapes_is_read_at_its_running_count(
+    waiting: tuple[float, float], at: float
+) -> None:
+    """Leases waiting in the engine's queue give no samples: where it queued at both scrapes,
+    the running count says the load, not the leases."""
+    m = model()
+    m.observe_engine(EngineSample(running=10, itl_sum=0.0, itl_count=0.0, waiting=waiting[0],
+                                  leases=(0.0, 0.0)), 0.0)  # fmt: skip
+    m.observe_engine(EngineSample(running=10, itl_sum=0.02 * 100, itl_count=100.0,
+                                  waiting=waiting[1], leases=(3.0, 90.0)), 0.1)  # fmt: skip
+    p = m.prediction()
+    assert p.tpot.evidence_at(at) > 0
+    assert p.tpot.evidence_at(40 - at) == 0
+
+
 def test_past_the_data_the_truth_lies_within_the_doubt() -> None:
     m = model()
     for n in range(1, 9):  # 8 streams seen of an engine whose knee is at 24 streams

@@ -341,6 +341,25 @@ def test_each_class_is_remembered_by_its_mean_count_lately() -> None:
     assert entry.recent == ()
 
 
+@pytest.mark.parametrize(
+    ("changes", "at", "area", "square"),
+    [
+        ([], 5.0, 0.0, 0.0),  # never leased
+        ([(1, 0.0)], 2.0, 2.0, 2.0),  # one lease held 2 s
+        ([(1, 0.0), (1, 1.0), (-2, 3.0)], 4.0, 1.0 + 4.0, 1.0 + 8.0),  # 1 for 1 s, 2 for 2 s
+        ([(1, 0.0), (1, 0.0), (1, 0.0), (-3, 0.5)], 10.0, 1.5, 4.5),  # 3 for half a second
+    ],
+)
+def test_the_lease_count_and_its_square_are_integrated_over_time(
+    changes: list[tuple[int, float]], at: float, area: float, square: float
+) -> None:
+    entry = registry(Clock()).entry(T1)
+    for delta, when in changes:
+        entry.count_lease(delta, 0.025, when)
+    assert entry.load_marks(at) == pytest.approx((area, square))
+    assert entry.busy_mark(at) == pytest.approx((area, at))
+
+
 def test_who_serves_what_and_which_kinds_restrict() -> None:
     reg = registry()
     assert reg.models == frozenset({"m", "other"})
