@@ -56,6 +56,9 @@ __all__ = [
 
 # What routing sees of a backend nothing has been observed on yet.
 UNKNOWN = Prediction(tpot=UNKNOWN_CURVE, ttft=UNKNOWN_CURVE, frontier=0)
+# How far the load the streams saw between two scrapes may lie from the scrapes' own, as a
+# factor (plus one stream), for the interval's steps to be read at the scrapes' load.
+_STEADY = 1.5
 
 
 def isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -338,17 +341,24 @@ class LogSpread:
         return math.sqrt(max(self.var, 0.0))
 
 
-def _sampled_at(last: EngineSample, sample: EngineSample) -> float:
-    """The concurrency the interval's inter-token samples were taken at, by this gateway's
-    leases: their count weighted by itself (a step with n streams gives n samples). The two
-    scrapes' running counts miss a burst that came and went between them, and the samples
-    it gave, at its own load, would be read at theirs: a busy step taken for a quiet one,
-    the curve steep where it is flat. 0 where not known, or where the engine queued at both
-    scrapes (leases waiting in its queue give no samples; its running count is right then)."""
+def _steady(last: EngineSample, sample: EngineSample) -> bool:
+    """Whether the interval's inter-token samples were taken at about the load the two scrapes
+    show, by this gateway's leases: their count weighted by itself (a step with n streams gives
+    n samples) within a factor `_STEADY` (and a stream) of the counts at the scrapes. A burst
+    that came and went between them would have its busy steps read at the scrapes' quiet
+    load, the curve steep where it is flat (a lull the converse): such an interval is not
+    learned from. (Reading it at the weighted count instead measured worse in the routing
+    study: leases still in an engine's frontend give no samples, which may overstate the
+    load.) Steady where the leases are not known, or where the engine queued at both scrapes
+    (leases waiting there give no samples; its running count is right then)."""
     if last.leases is None or sample.leases is None or (last.waiting and sample.waiting):
-        return 0.0
+        return True
     area = sample.leases[0] - last.leases[0]
-    return (sample.leases[1] - last.leases[1]) / area if area > 0 else 0.0
+    if area <= 0:
+        return True
+    seen = (sample.leases[1] - last.leases[1]) / area
+    ends = (last.leases[2], sample.leases[2])
+    return min(ends) / _STEADY - 1 <= seen <= max(ends) * _STEADY + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,9 +370,10 @@ class EngineSample:
     itl_count: float | None = None
     spec: tuple[float, float, float] | None = None  # drafts, draft tokens, accepted tokens
     waiting: float = 0.0
-    # This gateway's leases on the engine up to the scrape: the integrals of their count and of
-    # its square (gateway.backends.registry.BackendEntry.load_marks); None where not known.
-    leases: tuple[float, float] | None = None
+    # This gateway's leases on the engine at the scrape: the integrals of their count and of
+    # its square, and the count (gateway.backends.registry.BackendEntry.load_marks); None
+    # where not known.
+    leases: tuple[float, float, int] | None = None
 
 
 class BackendModel:
@@ -407,7 +418,9 @@ class BackendModel:
         step_s = (sample.itl_sum - last.itl_sum) / steps
         # vLLM observes one inter-token latency per request per engine step, however many
         # tokens the step gave it: with speculation that is the step time, not the TPOT.
-        n = max((sample.running + last.running) / 2, _sampled_at(last, sample))
+        if not _steady(last, sample):
+            return
+        n = (sample.running + last.running) / 2
         if self.tpot.observe(n, step_s / (self.tps or 1.0)):
             # Held for the whole interval: the fewer of the two ends.
             self.frontier = max(self.frontier, int(min(sample.running, last.running)))

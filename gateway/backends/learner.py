@@ -37,7 +37,7 @@ SHOWN_CONCURRENCIES = (1, 8, 16, 24, 32, 48, 64)
 
 
 def engine_sample(
-    stats: Mapping[str, EngineStats], leases: tuple[float, float] | None = None
+    stats: Mapping[str, EngineStats], leases: tuple[float, float, int] | None = None
 ) -> EngineSample:
     """One scrape's figures, summed over the engine's models; `leases`: this gateway's marks
     of its leases there at the scrape (EngineSample.leases)."""

@@ -80,8 +80,8 @@ class BackendEntry:
     # This gateway's leases here over time: their count, and its integral up to `busy_at`, so
     # a request's mean concurrency over any span is a subtraction (the latency model's input);
     # and the integral of its square: over a span, square / area is the count as the streams
-    # themselves saw it (each weighs by how many were there), the load an engine's
-    # inter-token samples (one per stream per step) were taken at.
+    # themselves saw it (each weighs by how many were there), as an engine's inter-token
+    # samples (one per stream per step) saw it.
     busy: int = 0
     busy_area: float = 0.0
     busy_square: float = 0.0
@@ -131,10 +131,10 @@ class BackendEntry:
         """(integral of the lease count up to `now`, `now`): two marks give a mean."""
         return self.busy_area + self.busy * (now - self.busy_at), now
 
-    def load_marks(self, now: float) -> tuple[float, float]:
-        """(integral of the lease count, of its square) up to `now`."""
-        held = now - self.busy_at
-        return self.busy_area + self.busy * held, self.busy_square + self.busy**2 * held
+    def load_marks(self, now: float) -> tuple[float, float, int]:
+        """(integral of the lease count, of its square) up to `now`, and the count."""
+        held, busy = now - self.busy_at, self.busy
+        return self.busy_area + busy * held, self.busy_square + busy * busy * held, busy
 
     def count_lease(self, delta: int, slo: float, now: float) -> None:
         counts, recent = self.slo_counts, self.slo_recent

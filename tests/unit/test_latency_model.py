@@ -269,42 +269,55 @@ def test_scrapes_move_the_frontier_by_what_held_through_the_interval() -> None:
     assert m.prediction().frontier == 10
 
 
-def test_a_burst_between_two_scrapes_is_learned_at_its_own_load() -> None:
-    """30 streams came and went between two idle scrapes: their steps' inter-token samples are
-    read at the load the gateway's leases had (weighted by themselves), not at the scrapes'
-    0 and 0, which would teach a quiet engine a busy step."""
-    burst = 30.0 * 30.0 * 0.1  # 30 leases for 0.1 s: integral of the count's square
+def test_a_burst_between_two_scrapes_teaches_nothing() -> None:
+    """30 streams came and went between two scrapes that each saw one: their steps' samples
+    would be read at the scrapes' load, a busy step taught to a quiet engine. The gateway's
+    leases saw the burst (their count weighted by itself): the interval is not learned from."""
+    burst = 30.0 * 30.0 * 0.1  # 30 leases for 0.1 s: the integral of the count's square
     m = model()
-    m.observe_engine(EngineSample(running=1, itl_sum=0.0, itl_count=0.0, leases=(0.0, 0.0)), 0.0)
+    m.observe_engine(EngineSample(running=1, itl_sum=0.0, itl_count=0.0,
+                                  leases=(0.0, 0.0, 1)), 0.0)  # fmt: skip
     # Quiet: one stream, steps of 20 ms.
     m.observe_engine(EngineSample(running=1, itl_sum=0.02 * 10, itl_count=10.0,
-                                  leases=(0.2, 0.2)), 0.2)  # fmt: skip
-    # The burst: 30 streams for 0.1 s, 300 samples of 40 ms steps; idle at the scrape.
-    m.observe_engine(EngineSample(running=0, itl_sum=0.2 + 0.04 * 300, itl_count=310.0,
-                                  leases=(0.2 + 3.0, 0.2 + burst)), 0.4)  # fmt: skip
+                                  leases=(0.2, 0.2, 1)), 0.2)  # fmt: skip
+    # The burst: 30 streams for 0.1 s, 300 samples of 40 ms steps; one stream at the scrape.
+    m.observe_engine(EngineSample(running=1, itl_sum=0.2 + 0.04 * 300, itl_count=310.0,
+                                  leases=(0.3 + 3.0, 0.3 + burst, 1)), 0.4)  # fmt: skip
     p = m.prediction()
-    assert p.frontier == 1  # held through an interval: one stream, no more
-    assert p.tpot.at(1) == pytest.approx(0.020, rel=0.1)  # not 40 ms at the scrapes' mean
-    assert p.tpot.evidence_at(30) > 0  # learned where it ran
+    assert p.tpot.at(1) == pytest.approx(0.020)  # not 40 ms
+    assert p.tpot.evidence_at(1) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
-    ("waiting", "at"),
-    [((0.0, 0.0), 30.0), ((3.0, 0.0), 30.0), ((3.0, 5.0), 10.0)],
+    ("ends", "count", "square", "waiting", "learned"),
+    [
+        ((10, 10), 1.0, 10.0, (0.0, 0.0), True),  # 10 leases throughout
+        ((10, 10), 1.0, 15.0, (0.0, 0.0), True),  # 15 as the streams saw it: 10 x 1.5
+        ((10, 10), 1.0, 16.5, (0.0, 0.0), False),  # more: a burst between the scrapes
+        ((4, 10), 1.0, 16.0, (0.0, 0.0), True),  # up to the greater end x 1.5 + 1
+        ((10, 10), 1.0, 6.0, (0.0, 0.0), True),  # down to the lesser end / 1.5 - 1
+        ((10, 10), 1.0, 5.5, (0.0, 0.0), False),  # a lull between the scrapes
+        ((10, 10), 1.0, 30.0, (3.0, 5.0), True),  # queued at both: the running count says
+        ((10, 10), 1.0, 30.0, (3.0, 0.0), False),  # queued at one only
+        ((0, 0), 0.0, 0.0, (0.0, 0.0), True),  # no lease of ours: other clients' load
+    ],
 )
-def test_an_engine_queueing_at_both_scrapes_is_read_at_its_running_count(
-    waiting: tuple[float, float], at: float
+def test_an_interval_is_learned_from_where_the_load_held_between_the_scrapes(
+    ends: tuple[int, int], count: float, square: float, waiting: tuple[float, float],
+    learned: bool,
 ) -> None:
-    """Leases waiting in the engine's queue give no samples: where it queued at both scrapes,
-    the running count says the load, not the leases."""
+    """`count`, `square`: the integrals of the gateway's lease count and of its square over the
+    interval (their ratio: the load its streams saw); `ends`: the counts at the scrapes."""
     m = model()
-    m.observe_engine(EngineSample(running=10, itl_sum=0.0, itl_count=0.0, waiting=waiting[0],
-                                  leases=(0.0, 0.0)), 0.0)  # fmt: skip
-    m.observe_engine(EngineSample(running=10, itl_sum=0.02 * 100, itl_count=100.0,
-                                  waiting=waiting[1], leases=(3.0, 90.0)), 0.1)  # fmt: skip
-    p = m.prediction()
-    assert p.tpot.evidence_at(at) > 0
-    assert p.tpot.evidence_at(40 - at) == 0
+    first = EngineSample(running=10, itl_sum=0.0, itl_count=0.0, waiting=waiting[0],
+                         leases=(0.0, 0.0, ends[0]))  # fmt: skip
+    second = EngineSample(running=10, itl_sum=0.02 * 100, itl_count=100.0, waiting=waiting[1],
+                          leases=(count, square, ends[1]))  # fmt: skip
+    m.observe_engine(first, 0.0)
+    m.observe_engine(second, 0.1)
+    assert m.prediction().known is learned
+    if learned:
+        assert m.prediction().tpot.evidence_at(10) > 0  # at the running count
 
 
 def test_past_the_data_the_truth_lies_within_the_doubt() -> None:

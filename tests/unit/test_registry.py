@@ -342,21 +342,21 @@ def test_each_class_is_remembered_by_its_mean_count_lately() -> None:
 
 
 @pytest.mark.parametrize(
-    ("changes", "at", "area", "square"),
+    ("changes", "at", "area", "square", "now"),
     [
-        ([], 5.0, 0.0, 0.0),  # never leased
-        ([(1, 0.0)], 2.0, 2.0, 2.0),  # one lease held 2 s
-        ([(1, 0.0), (1, 1.0), (-2, 3.0)], 4.0, 1.0 + 4.0, 1.0 + 8.0),  # 1 for 1 s, 2 for 2 s
-        ([(1, 0.0), (1, 0.0), (1, 0.0), (-3, 0.5)], 10.0, 1.5, 4.5),  # 3 for half a second
+        ([], 5.0, 0.0, 0.0, 0),  # never leased
+        ([(1, 0.0)], 2.0, 2.0, 2.0, 1),  # one lease held 2 s
+        ([(1, 0.0), (1, 1.0), (-2, 3.0)], 4.0, 1.0 + 4.0, 1.0 + 8.0, 0),  # 1 for 1 s, 2 for 2
+        ([(1, 0.0), (1, 0.0), (1, 0.0), (-3, 0.5)], 10.0, 1.5, 4.5, 0),  # 3 for half a second
     ],
 )
 def test_the_lease_count_and_its_square_are_integrated_over_time(
-    changes: list[tuple[int, float]], at: float, area: float, square: float
+    changes: list[tuple[int, float]], at: float, area: float, square: float, now: int
 ) -> None:
     entry = registry(Clock()).entry(T1)
     for delta, when in changes:
         entry.count_lease(delta, 0.025, when)
-    assert entry.load_marks(at) == pytest.approx((area, square))
+    assert entry.load_marks(at) == pytest.approx((area, square, now))
     assert entry.busy_mark(at) == pytest.approx((area, at))
 
 
