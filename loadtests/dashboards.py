@@ -354,7 +354,8 @@ async def _streams_on(
 ) -> list[asyncio.Future[int]]:
     """Start four long streams pinned to the throughput tier and wait (up to 15 s) until one is
     relayed from `victim` (headers arrive with the first bytes), so that killing it breaks a
-    stream mid-way."""
+    stream mid-way; one more each second meanwhile, up to twelve (a busy tier-mate's load may
+    draw the first four all to the other)."""
     body = {"model": MODEL, "prompt": prompt_of(sc.prompt_tokens), "ignore_eos": True,
             "max_tokens": sc.outage_stream_tokens, "stream": True}  # fmt: skip
     on_victim = asyncio.Event()
@@ -373,8 +374,13 @@ async def _streams_on(
 
     streams: list[asyncio.Future[int]] = [asyncio.ensure_future(stream()) for _ in range(4)]
     try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(on_victim.wait(), 15)
+        for _ in range(15):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(on_victim.wait(), 1)
+            if on_victim.is_set():
+                break
+            if len(streams) < 12:
+                streams.append(asyncio.ensure_future(stream()))
     except BaseException:
         for task in streams:
             task.cancel()

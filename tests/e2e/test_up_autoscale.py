@@ -27,7 +27,7 @@ MAX = 3  # throughput simulators at most
 # answer, the last user's to shrink back (waited for after it, too: the load is bound in time,
 # the planner's reaction is not).
 STEPS = (2, 24, 24, 24, 1)
-PHASE_S = 8
+PHASE_S = 6
 WAIT_S = 90.0
 
 

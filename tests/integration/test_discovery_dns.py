@@ -36,7 +36,7 @@ NAME = "pool.tiergate.test"
 ADDRESSES = [f"127.0.0.{i}" for i in range(2, 8)]
 INTERVAL_S = 0.25  # the discovery's refresh interval
 CLIENTS = 48
-REPEATS = 20
+REPEATS = 12
 # How long the 30-s outage of the issue lasts here (the suite's time is short); the same test
 # with TIERGATE_DNS_OUTAGE_S=30 plays the whole of it.
 OUTAGE_S = float(os.environ.get("TIERGATE_DNS_OUTAGE_S", "3"))
@@ -190,7 +190,7 @@ async def test_engines_join_and_leave_under_streaming_load(pool: Pool) -> None:
     assert not failed, f"{len(failed)} of {len(done)} requests failed: {failed[:5]}"
     late = broken_rules(done, changes, pool)
     assert late == [], "\n".join(late)
-    assert len(done) > 1000, len(done)
+    assert len(done) > 600, len(done)
     assert {d.backend for d in done} == {pool.url_of(a) for a in ADDRESSES}
     assert took < 60, f"{REPEATS} rounds took {took:.0f} s"
 
