@@ -70,7 +70,7 @@ def snapshot(backends: int = 3) -> LoadSnapshot:
         out.append(b)
         loads[b.url] = BackendLoad(running=n, inflight=n, slos=((0.012, tight), (0.025, n - tight)))
         curves[b.url] = models[role]
-    return LoadSnapshot(tuple(out), loads, 0.0, curves)
+    return LoadSnapshot(tuple(out), loads, 0.0, curves, distinct=True)  # as the registry's
 
 
 def _pct(sorted_ns: Sequence[int], q: float) -> float:

@@ -491,7 +491,7 @@ class Registry:
             for url, e in self.entries.items()
             if e.left_at is None
         }
-        return LoadSnapshot(self.backends, loads, now, self.curves)
+        return LoadSnapshot(self.backends, loads, now, self.curves, distinct=True)
 
     def lease(
         self,

@@ -128,7 +128,16 @@ def _outlook(
 ) -> tuple[float, float, float, float, bool, int, bool]:  # fmt: skip
     """`outlook` as a plain tuple in Outlook's order: a decision builds one per candidate, and a
     named tuple's constructor costs seven times as much as the tuple."""
-    n = load.effective
+    # load.effective, spelled out: a property's call costs as much as the rest of this line
+    # (gateway.routing.types.BackendLoad.effective says why it is what it is).
+    n = load.inflight
+    if not load.stale:
+        queued, at = load.running + load.waiting, load.inflight_at_scrape
+        if at is None:
+            if queued > n:
+                n = queued
+        elif queued > at:
+            n += queued - at
     if pred is None or not pred.frontier:
         if n:
             return math.inf, 0.0, 0.0, 0.0, False, n, True
@@ -459,13 +468,17 @@ class Learned:
         slo, curves, limits = req.slo, snap.curves, self.limits
         pool, rest = shortlist(pool, rng)
         get = curves.get
-        preds = [get(b.url) for b in pool]
-        for pr in preds:
+        preds = []
+        unknown = False
+        for b in pool:  # (a loop, not a comprehension and a second loop: one pass)
+            pr = get(b.url)
+            preds.append(pr)
             if pr is None or not pr.frontier:
-                limits = _Limits(limits.ttft_room, limits.full_ttft_factor, limits.max_waiting,
-                                 limits.explore_rate, limits.explore_after_s,
-                                 first_stream(preds, slo))  # fmt: skip
-                break
+                unknown = True
+        if unknown:
+            limits = _Limits(limits.ttft_room, limits.full_ttft_factor, limits.max_waiting,
+                             limits.explore_rate, limits.explore_after_s,
+                             first_stream(preds, slo))  # fmt: skip
         # Sort keys: room first, the most gain first (a gain of less than a hundredth of a
         # stream that just meets the SLO is none); on a tie, the fastest (a request that gains
         # nothing anywhere slows the fewest streams least there, and is done soonest; what

@@ -128,6 +128,9 @@ class LoadSnapshot:
     # reads every backend's load takes its ``get`` (``by_url.get(url, UNKNOWN_LOAD)`` is
     # ``load(url)`` without a call in between).
     by_url: dict[str, BackendLoad] = field(init=False, repr=False, compare=False)
+    # Whether no URL is listed twice in ``backends`` (the registry's are keyed by URL), so
+    # that `gateway.routing.filters.eligible` need not look for second listings.
+    distinct: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         # Copy, so a caller mutating its dict cannot change a snapshot a decision was made on.

@@ -314,6 +314,8 @@ def test_snapshot_merges_scraped_load_in_flight_counts_and_staleness() -> None:
     assert load.stale
     assert load.effective == 1  # only the gateway's own count is trusted then
     assert reg.snapshot().taken_at == clock.now
+    # Its backends are keyed by URL: none listed twice, which routing need not look for.
+    assert reg.snapshot().distinct
 
 
 def test_the_slos_in_flight_are_counted_tightest_first() -> None:

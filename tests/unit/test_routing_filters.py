@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gateway.routing import Backend, LoadSnapshot, Role, RouteRequest
@@ -67,6 +69,9 @@ ELIGIBLE: dict[str, tuple[LoadSnapshot, RouteRequest, list[Backend]]] = {
 @pytest.mark.parametrize(("snapshot", "req", "expected"), ELIGIBLE.values(), ids=ELIGIBLE.keys())
 def test_eligible(snapshot: LoadSnapshot, req: RouteRequest, expected: list[Backend]) -> None:
     assert eligible(req, snapshot) == expected
+    urls = [b.url for b in snapshot.backends]
+    if len(set(urls)) == len(urls):  # as the registry's: the same answer without the search
+        assert eligible(req, dataclasses.replace(snapshot, distinct=True)) == expected
 
 
 ROLES: dict[str, tuple[list[Backend], list[Backend], list[Backend]]] = {

@@ -138,6 +138,23 @@ def test_what_one_more_request_would_do_to_a_backend(
     assert not o.ahead
 
 
+@pytest.mark.parametrize(
+    "lb",
+    [
+        BackendLoad(),
+        BackendLoad(inflight=3),
+        BackendLoad(running=5, waiting=2, inflight=1),  # others beside ours
+        BackendLoad(running=5, waiting=2, inflight=1, inflight_at_scrape=1),
+        BackendLoad(running=5, inflight=4, inflight_at_scrape=6),  # ours ended since
+        BackendLoad(running=9, waiting=3, inflight=2, stale=True),  # only ours then
+        BackendLoad(running=1, inflight=4),
+    ],
+)
+def test_an_outlook_reads_the_backends_effective_load(lb: BackendLoad) -> None:
+    # (spelled out in the outlook for speed: it must stay what `effective` says)
+    assert outlook(L0, lb, _steps(0.010, 0.013), INTERACTIVE, LEARNED.limits).load == lb.effective
+
+
 def test_at_the_slo_the_gain_counts_streams_by_their_chance() -> None:
     # The curve sits at 12 ms with and without the request: every stream meets it one time in
     # two, the request too: the expected output of 13 half-streams against 12.
