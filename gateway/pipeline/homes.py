@@ -58,8 +58,10 @@ class Homes:
         now = self.clock()
         keys = self._keys
         entry = keys.get(key)
-        if entry is None:
-            self._remember(key, [None, now, 1])
+        if entry is None:  # (`_remember`, spelled out: most keys are new)
+            keys[key] = [None, now, 1]
+            if len(keys) > self.capacity:
+                keys.popitem(last=False)
             return
         keys.move_to_end(key)
         busy = entry[_BUSY]

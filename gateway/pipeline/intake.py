@@ -132,9 +132,15 @@ class Intake:
                 ex.pinned = Role.THROUGHPUT
         ex.slo = self._slo(ex.headers, tenant.slo)
         if self.keyed:
-            who = caller(ex.headers.get(b"x-session-id"), data)
-            ex.session = who is not None
-            ex.affinity = session_key(who) if who else prefix_key(data, ex.endpoint.chat)
+            # (`caller`, spelled out for the common case of no session: every request)
+            sid, user = ex.headers.get(b"x-session-id"), data.get("user")
+            if sid or (user and isinstance(user, str)):
+                ex.session = True
+                ex.affinity = session_key(
+                    (b"session", sid) if sid else (b"user", str(user).encode())
+                )
+            else:
+                ex.affinity = prefix_key(data, ex.endpoint.chat)
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
         ask_usage(ex)  # a stream counted in tokens, not events (gateway.pipeline.usage)

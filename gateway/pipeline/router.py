@@ -49,6 +49,8 @@ class Router:
             by_load = self.fallback(req, snap, self.state, self.rng)
             return Decision(by_load.candidates, Reason.POLICY_ERROR, self.name, self.state)
         self.state = decision.state
-        if self.affinity is not None and req.affinity is not None:
+        # Affinity moves only a request with a home or a declared session (a first-seen
+        # prompt keeps the policy's order: asked here, it costs no call).
+        if self.affinity is not None and (req.home is not None or req.session):
             return self.affinity(req, decision, snap)
         return decision
