@@ -380,6 +380,29 @@ def _short(
     return False
 
 
+def _least_placed(pred: Prediction) -> float:
+    """The tightest TPOT SLO of which `most_streams` places a stream on the backend at all: one
+    stream meets it with a chance of one in two, i.e. ln SLO >= -offset at one stream. (A hair
+    below it, so that rounding cannot leave out a class that `most_streams` would place.)"""
+    return math.exp(-pred.offset[1]) * (1.0 - 1e-9)
+
+
+def _any_between(loads: Sequence[BackendLoad], low: float, high: float) -> bool:
+    """Whether a class in flight or lately on `loads` has a TPOT SLO in [low, high)."""
+    for load in loads:
+        for s, _ in load.slos:  # tightest first
+            if s >= high:
+                break
+            if s >= low:
+                return True
+        for s, _ in load.recent:
+            if s >= high:
+                break
+            if s >= low:
+                return True
+    return False
+
+
 def _keep_for_tighter(
     keys: list[tuple[int, float, float, int, bool, float, int]],
     outlooks: Sequence[tuple[float, float, float, float, bool, int, bool]],
@@ -392,6 +415,19 @@ def _keep_for_tighter(
     meets the request's SLO without loss and is kept for none (`keys` sorted again); where
     there is none, the request takes the room. Whether anything moved. (The failover order
     after the first choice is left as it is: a class's limit on a backend costs a search.)"""
+    first = keys[0]
+    if first[0]:
+        return False  # nothing has room
+    # Most often the first choice places no tighter class at all (a slower backend): where no
+    # tighter class on the candidates reaches `_least_placed` there, the classes' streams need
+    # not be gathered.
+    pred = preds[first[-1]]
+    if pred is None or not pred.frontier:
+        return False
+    least = _least_placed(pred)
+    bound = slo.tpot_s * TIGHTER
+    if least >= bound or not _any_between(loads, least, bound):
+        return False
     tighter = TighterClasses(preds, loads, slo.tpot_s)
     moved: list[int] = []
     for pos, k in enumerate(keys):

@@ -25,8 +25,11 @@ from gateway.routing import (
 from gateway.routing.curves import KNOTS, Curve, Prediction
 from gateway.routing.learned import (
     SHORTLIST,
+    TIGHTER,
     Learned,
     TighterClasses,
+    _any_between,
+    _least_placed,
     first_stream,
     guard,
     kept_for_tighter,
@@ -329,6 +332,32 @@ def test_a_faster_backend_is_kept_for_a_tighter_class_that_only_it_serves(
 ) -> None:
     order, reason = decide(snapshot(l0, t0, t1), STANDARD)
     assert (order[0], reason) == (first.url, why)
+
+
+def test_a_backend_that_places_no_tighter_class_is_kept_for_none() -> None:
+    # The decision skips gathering the classes where no tighter SLO on the candidates is one
+    # its first choice places a stream of at all (gateway.routing.learned._least_placed): that
+    # must be only where kept_for_tighter finds nothing to keep, whatever the curves, SLOs and
+    # loads; and a class just tighter than that is placed.
+    rng = random.Random(7)
+    skipped = 0
+    for _ in range(400):
+        pred = _steps(rng.uniform(0.004, 0.03), rng.uniform(0.005, 0.06), rng.uniform(0.02, 0.3))
+        loads = []
+        for _ in range(rng.randint(1, 4)):
+            slos = sorted({round(rng.uniform(0.003, 0.03), 4) for _ in range(rng.randint(0, 3))})
+            counts = tuple((s, rng.randint(1, 30)) for s in slos)
+            recent = tuple((s, rng.uniform(0.5, 20.0)) for s in slos[: rng.randint(0, 2)])
+            loads.append(BackendLoad(running=sum(c for _, c in counts), slos=counts,
+                                     recent=recent))  # fmt: skip
+        request = rng.uniform(0.005, 0.04)
+        tighter = TighterClasses([pred] * len(loads), loads, request)
+        if not _any_between(loads, _least_placed(pred), request * TIGHTER):
+            skipped += 1
+            assert not kept_for_tighter(pred, loads[0], tighter)
+        least = _least_placed(pred)
+        assert most_streams(math.log(least * 1.001), pred) > 0
+    assert 40 < skipped < 360  # both ways taken
 
 
 def test_room_is_kept_for_a_class_that_comes_and_goes() -> None:
