@@ -462,22 +462,28 @@ def shortlist(
     if len(pool) <= SHORTLIST:
         return pool, []
     tiers: dict[str, list[Backend]] = {}
-    for b in pool:
-        tiers.setdefault(b.tier, []).append(b)
+    for b in pool:  # (setdefault would build a list per backend)
+        members = tiers.get(b.tier)
+        if members is None:
+            tiers[b.tier] = [b]
+        else:
+            members.append(b)
     keep: list[Backend] = []
     rest: list[Backend] = []
-    draw = rng.random
+    bits = rng.getrandbits
     for members in tiers.values():
         size = len(members)
         if size <= SHORTLIST:
             keep += members
             continue
         # The first SHORTLIST places of a Fisher-Yates shuffle: a uniform sample, at a draw
-        # each (random.sample takes ~5 us for this). The others fail over in the order it
-        # leaves them: ranking them by load took longer than the whole evaluation of two
-        # candidates, for an order read only once the evaluated ones have all failed.
+        # each (random.sample takes ~5 us for this; 32 random bits modulo the places left
+        # cost half of int(random() * places), and lean from uniform by under 1e-8). The
+        # others fail over in the order it leaves them: ranking them by load took longer than
+        # the whole evaluation of two candidates, for an order read only once the evaluated
+        # ones have all failed.
         for i in range(SHORTLIST):
-            j = i + int(draw() * (size - i))
+            j = i + bits(32) % (size - i)
             members[i], members[j] = members[j], members[i]
         keep += members[:SHORTLIST]
         rest += members[SHORTLIST:]
