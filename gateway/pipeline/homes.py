@@ -58,7 +58,7 @@ class Homes:
         now = self.clock()
         keys = self._keys
         entry = keys.get(key)
-        if entry is None:  # (`_remember`, spelled out: most keys are new)
+        if entry is None:  # (`_remember`, spelled out: a one-off prompt's key is new)
             keys[key] = [None, now, 1]
             if len(keys) > self.capacity:
                 keys.popitem(last=False)

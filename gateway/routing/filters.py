@@ -17,7 +17,7 @@ def eligible(req: RouteRequest, snap: LoadSnapshot) -> list[Backend]:
     """
     out: list[Backend] = []
     exclude, model, get = req.exclude, req.model, snap.by_url.get
-    if snap.distinct:  # no second listing to look for (a third of the cost, on every decision)
+    if snap.distinct:  # no second listing to look for: no set built and searched per decision
         for b in snap.backends:
             url = b.url
             if model in b.models and get(url, UNKNOWN_LOAD).healthy and url not in exclude:

@@ -128,7 +128,7 @@ def _outlook(
 ) -> tuple[float, float, float, float, bool, int, bool]:  # fmt: skip
     """`outlook` as a plain tuple in Outlook's order: a decision builds one per candidate, and a
     named tuple's constructor costs seven times as much as the tuple."""
-    # load.effective, spelled out: a property's call costs as much as the rest of this line
+    # load.effective, spelled out: a property's call per candidate per decision saved
     # (gateway.routing.types.BackendLoad.effective says why it is what it is).
     n = load.inflight
     if not load.stale:
@@ -478,7 +478,7 @@ def shortlist(
             continue
         # The first SHORTLIST places of a Fisher-Yates shuffle: a uniform sample, at a draw
         # each (random.sample takes ~5 us for this; 32 random bits modulo the places left
-        # cost half of int(random() * places), and lean from uniform by under 1e-8). The
+        # cost about half of int(random() * places), and lean from uniform by under 1e-8). The
         # others fail over in the order it leaves them: ranking them by load took longer than
         # the whole evaluation of two candidates, for an order read only once the evaluated
         # ones have all failed.
