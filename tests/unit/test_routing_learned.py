@@ -338,7 +338,7 @@ def test_a_backend_that_places_no_tighter_class_is_kept_for_none() -> None:
     # The decision skips gathering the classes where no tighter SLO on the candidates is one
     # its first choice places a stream of at all (gateway.routing.learned._least_placed): that
     # must be only where kept_for_tighter finds nothing to keep, whatever the curves, SLOs and
-    # loads; and a class just tighter than that is placed.
+    # loads; and a class just looser than that SLO is placed.
     rng = random.Random(7)
     skipped = 0
     for _ in range(400):
