@@ -54,8 +54,8 @@ class Http1Response:
     back to the pool if the body was read whole), `close` to drop it (a pending read fails)."""
 
     __slots__ = (
-        "_buf", "_conn", "_deadline", "_done", "_error", "_lines", "_timer", "_waiter", "headers",
-        "status",
+        "_buf", "_buffered", "_conn", "_deadline", "_done", "_error", "_lines", "_timer",
+        "_waiter", "headers", "status",
     )  # fmt: skip
 
     def __init__(self, conn: _Conn) -> None:
@@ -63,6 +63,9 @@ class Http1Response:
         self.status = 0
         self.headers: CIMultiDictProxy[str] = _NO_HEADERS
         self._buf: list[bytes] = []
+        # The bytes in `_buf`, kept as chunks come and go (summing the chunks on every arrival
+        # cost more the further a reader fell behind).
+        self._buffered = 0
         self._done = False  # the whole body is in
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -89,6 +92,7 @@ class Http1Response:
         buf = self._buf
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
+        self._buffered = 0
         self._conn.drained()
         if lines is not None:
             data = lines.feed(data)
@@ -100,15 +104,26 @@ class Http1Response:
 
     async def read(self) -> bytes:
         """The whole body."""
+        parts: list[bytes] = []
+        buf = self._buf
         while not self._done:
             if self._error is not None:
                 raise self._error
+            if buf:
+                # Taken out as it comes, and reading resumed: a body past the high-water mark
+                # paused the connection, and a reader that waits for the end would wait for
+                # ever (until its read timeout) if nothing resumed it.
+                parts += buf
+                buf.clear()
+                self._buffered = 0
+                self._conn.drained()
             await self._wait()
-        if self._error is not None and not self._buf:
+        if self._error is not None and not buf:
             raise self._error
-        data = b"".join(self._buf)
-        self._buf.clear()
-        return data
+        parts += buf
+        buf.clear()
+        self._buffered = 0
+        return b"".join(parts)
 
     def release(self) -> None:
         if self._conn.resp is self:  # not once the connection serves another request
@@ -252,8 +267,9 @@ class _Conn(asyncio.Protocol):
         if resp is None:
             return
         resp._buf.append(body)
+        resp._buffered += len(body)
         resp._wake()
-        if not self.paused and sum(map(len, resp._buf)) > _HIGH_WATER and self.transport:
+        if not self.paused and resp._buffered > _HIGH_WATER and self.transport:
             self.paused = True
             self.transport.pause_reading()
 

@@ -27,6 +27,9 @@ ANSWER = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m
           "choices": [{"index": 0, "text": "".join(TEXT), "logprobs": None,
                        "finish_reason": "length"}], "usage": USAGE}  # fmt: skip
 FIRST_BYTE_TIMEOUT_S = 1.5
+# A long answer, as with many tokens or their logprobs: far past the 64 KiB at which the
+# gateway stops reading ahead of its client.
+LARGE = {**ANSWER, "choices": [{**ANSWER["choices"][0], "text": "tokens " * 100_000}]}
 
 
 def _events(sep: bytes = b"\n", colon: bytes = b"data: ") -> list[bytes]:
@@ -77,6 +80,11 @@ async def _json_http10_with_length(w: asyncio.StreamWriter) -> None:
     body = json.dumps(ANSWER).encode()
     w.write(_head(b"200 OK", JSON, b"content-length: %d" % len(body), version=b"HTTP/1.0") + body)
     w.close()
+
+
+async def _json_large(w: asyncio.StreamWriter) -> None:
+    body = json.dumps(LARGE).encode()
+    w.write(_head(b"200 OK", JSON, b"content-length: %d" % len(body)) + body)
 
 
 async def _interim_then_json(w: asyncio.StreamWriter) -> None:
@@ -143,6 +151,7 @@ class Case:
     write: Writer
     stream: bool
     valid: bool
+    answer: dict[str, object] | None = None  # a non-streamed answer other than ANSWER
 
 
 CASES = [
@@ -150,6 +159,7 @@ CASES = [
     Case("json-http10-until-close", _json_until_close(b"HTTP/1.0"), False, True),
     Case("json-http10-length", _json_http10_with_length, False, True),
     Case("json-after-1xx", _interim_then_json, False, True),
+    Case("json-large", _json_large, False, True, LARGE),
     Case("sse-lf", _stream(b"\n"), True, True),
     Case("sse-crlf", _stream(b"\r\n"), True, True),
     Case("sse-cr", _stream(b"\r"), True, True),
@@ -271,7 +281,7 @@ def test_a_valid_answer_reaches_the_client_exactly(gateway: str, case: Case) -> 
     r = httpx.post(gateway + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     if not case.stream:
-        assert r.json() == ANSWER
+        assert r.json() == (case.answer or ANSWER)
         return
     text, usages, done = _sse_text(r.text)
     assert (text, usages, done) == ("".join(TEXT), [USAGE], True)

@@ -110,6 +110,31 @@ async def test_streams_chunked_bodies_piece_by_piece() -> None:
         await p.aclose()
 
 
+async def test_a_reader_that_falls_behind_pauses_the_engine_then_gets_every_byte() -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB, sent as fast as the socket takes it
+
+    async def flood(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await w.drain()
+        await asyncio.sleep(1)
+
+    async with serving(flood) as srv:
+        p = pool(read_timeout_s=5.0)
+        resp = await p.post(srv.url, "/x", b"", {})
+        conn = resp._conn
+        for _ in range(500):  # until the buffered body passes the high-water mark
+            if conn.paused:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.paused  # the rest waits in the kernel's buffers, not in this process
+        assert 0 < resp._buffered < len(body)
+        assert await resp.read() == body
+        assert resp._buffered == 0
+        resp.release()
+        await p.aclose()
+
+
 async def test_an_idle_connection_closed_by_the_engine_is_replaced_transparently() -> None:
     async def one_answer_then_close(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
