@@ -118,7 +118,7 @@ class Http1Response:
                 self._buffered = 0
                 self._conn.drained()
             await self._wait()
-        if self._error is not None and not buf:
+        if self._error is not None and not buf and not parts:
             raise self._error
         parts += buf
         buf.clear()
