@@ -104,26 +104,31 @@ class Http1Response:
 
     async def read(self) -> bytes:
         """The whole body."""
+        # Taken out as it comes, each time reading resumed: a body past the high-water mark
+        # paused the connection, and a reader that waits for the end would wait for ever (until
+        # its read timeout) if nothing resumed it; nor may it go back to the pool paused.
         parts: list[bytes] = []
-        buf = self._buf
         while not self._done:
             if self._error is not None:
                 raise self._error
-            if buf:
-                # Taken out as it comes, and reading resumed: a body past the high-water mark
-                # paused the connection, and a reader that waits for the end would wait for
-                # ever (until its read timeout) if nothing resumed it.
-                parts += buf
-                buf.clear()
-                self._buffered = 0
-                self._conn.drained()
+            if self._buf:
+                parts.append(self._take())
             await self._wait()
-        if self._error is not None and not buf and not parts:
+        if self._buf:
+            parts.append(self._take())
+        elif self._error is not None and not parts:
             raise self._error
-        parts += buf
+        return b"".join(parts)
+
+    def _take(self) -> bytes:
+        """What has arrived, taken out, and the connection read again if it waited for that
+        (`readany` does the same inline: it runs once per streamed chunk)."""
+        buf = self._buf
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
         self._buffered = 0
-        return b"".join(parts)
+        self._conn.drained()
+        return data
 
     def release(self) -> None:
         if self._conn.resp is self:  # not once the connection serves another request
