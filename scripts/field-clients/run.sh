@@ -54,4 +54,4 @@ header="Command: \`scripts/field-clients/run.sh\`. Date: $(date -u +%FT%TZ). Cod
 $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- gateway engines tiergate || echo ' with uncommitted changes'). \
 guidellm $(.venv-guidellm/bin/pip show guidellm | sed -n 's/^Version: //p'), inference-perf \
 $(.venv-inference-perf/bin/pip show inference-perf | sed -n 's/^Version: //p'); \`tiergate up\` with its defaults, --speedup 20."
-.venv/bin/python "$here/summarize.py" "$out" "$header"
+.venv/bin/python "$here/summarize.py" "$out" "$header" "$work"

@@ -3,11 +3,15 @@ OUT/summary.json: requests, errors, and every request's prompt and answer length
 client's own count, by the words actually sent and received (the simulator's and the
 tokenizer's rule), and by the usage the gateway relayed (inference-perf keeps it per request;
 guidellm reports the usage where the server sends it and its own count otherwise, as one
-figure). Exact means every request had the lengths asked for in every count."""
+figure). Exact means every request had the lengths asked for in every count. The clients'
+files are first rewritten without this machine's folders and kernel name (`scrub`).
+
+    python summarize.py OUT HEADER WORK   (WORK: the run's temporary folder)"""
 
 from __future__ import annotations
 
 import json
+import platform
 import sys
 from collections import Counter
 from pathlib import Path
@@ -60,7 +64,22 @@ def inference_perf(out: Path) -> dict[str, Any]:
     }
 
 
-def main(out: Path, header: str) -> None:
+def scrub(out: Path, work: str) -> None:
+    """The clients' files name this machine (its folders, its kernel): written without them,
+    so that the results say nothing of where they ran beyond what the header says."""
+    names = {work: "TMP", str(out.resolve()): "docs/results/field-clients",
+             platform.platform(): f"{platform.system()} {platform.machine()}"}  # fmt: skip
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in {".json", ".yaml", ".txt"}:
+            text = original = path.read_text()
+            for name, put in names.items():
+                text = text.replace(name, put)
+            if text != original:
+                path.write_text(text)
+
+
+def main(out: Path, header: str, work: str) -> None:
+    scrub(out, work)
     results = [guidellm(out), inference_perf(out)]
     (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [
@@ -88,4 +107,4 @@ def main(out: Path, header: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "")
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
