@@ -3,10 +3,11 @@
 One `instant` simulator (no model time) sits behind every target: `direct` (the simulator
 itself), `nginx` (the floor of any proxy hop), `tiergate` (`tiergate serve`, one worker, one tier
 holding the simulator), `tiergate-2w` (`tiergate serve --workers 2`, where that option exists),
-`vllm-router` (vLLM's router, Rust), `smg` (SGLang's model gateway, Rust) and `litellm` (LiteLLM's
-proxy, Python). The peers run from a virtual environment of their own
-(loadtests/harness/peerenv.py),
-installed on first use; a peer that cannot be installed or started is left out with a note.
+`tiergate-granian` (the same gateway app served by granian, a Rust HTTP server, through
+gateway.serve.asgi: what another front server would cost), `vllm-router` (vLLM's router,
+Rust), `smg` (SGLang's model gateway, Rust) and `litellm` (LiteLLM's proxy, Python). The peers
+run from a virtual environment of their own (loadtests/harness/peerenv.py), installed on first
+use; a peer that cannot be installed or started is left out with a note.
 
 The measurements are `tiergate bench overhead`'s, from the same functions, on every target in
 rounds whose order rotates, with the same client:
@@ -64,7 +65,7 @@ from loadtests.harness.baseline import REPO
 from loadtests.harness.client import event_loop_runner
 from loadtests.harness.nginx import NginxProcess, nginx_binary
 from loadtests.harness.peerenv import PEERS, PeerProcess, default_venv, ensure, process_tree, scrub
-from loadtests.harness.procs import GatewayProcess, SimProcess, free_port
+from loadtests.harness.procs import GatewayProcess, GranianGatewayProcess, SimProcess, free_port
 from loadtests.harness.proxied import (
     PROFILE,
     SSE_TOKENS,
@@ -79,8 +80,9 @@ from loadtests.overhead import Raw, Verdict
 DIRECT = "direct"
 GATEWAY = "tiergate"
 WORKERS = "tiergate-2w"
+GRANIAN = "tiergate-granian"
 RIVAL = "litellm"  # the peer tiergate must be ahead of on every figure
-TARGETS = (DIRECT, "nginx", GATEWAY, WORKERS, *PEERS)
+TARGETS = (DIRECT, "nginx", GATEWAY, WORKERS, GRANIAN, *PEERS)
 CONNECTIONS = 64
 WRK_THREADS = 2
 # A slow proxy's answers are slow, not failed: only one later than this counts as an error.
@@ -95,6 +97,8 @@ DESCRIPTIONS = {
     "nginx": "nginx, one worker, keep-alive upstream, no buffering: the floor of a proxy hop",
     GATEWAY: "`tiergate serve`, one worker, one throughput tier holding the simulator",
     WORKERS: "`tiergate serve --workers 2`, the same config",
+    GRANIAN: "the same gateway app under granian (ASGI, one worker, uvloop, HTTP/1), through "
+    "`gateway.serve.asgi:app`, without `tiergate serve`'s own protocol and writes",
     "vllm-router": "vLLM's router (`vllm-router`, Rust), the simulator as its one worker",
     "smg": "SGLang's model gateway (`smg launch`, Rust), the simulator as its one worker",
     "litellm": "LiteLLM's proxy (`litellm --config`, one worker), a `hosted_vllm/` deployment",
@@ -301,6 +305,15 @@ def running_targets(
                 else:
                     notes.append(f"{WORKERS} skipped: `tiergate serve` has no --workers option "
                                  "in this tree; the target appears once it has")  # fmt: skip
+            if GRANIAN in wanted:
+                if GranianGatewayProcess.available():
+                    log = workdir / "gateway-granian.log"
+                    gr = stack.enter_context(GranianGatewayProcess(config=config, log=log))
+                    found[GRANIAN] = Target(GRANIAN, gr.url, _tree(gr.pid), log=log)
+                    versions[GRANIAN] = f"{versions[GATEWAY]}, granian {gr.version()}"
+                else:
+                    notes.append(f"{GRANIAN} skipped: granian is not installed, or this tree "
+                                 "has no gateway.serve.asgi")  # fmt: skip
             for peer in spawned:
                 try:
                     peer.wait_ready()
@@ -726,8 +739,8 @@ def chart(report: Report, path: Path) -> None:
 
     names = report.targets
     colors = {DIRECT: "tab:blue", "nginx": "tab:green", GATEWAY: "tab:orange",
-              WORKERS: "tab:red", "vllm-router": "tab:purple", "smg": "tab:brown",
-              "litellm": "tab:gray"}  # fmt: skip
+              WORKERS: "tab:red", GRANIAN: "tab:olive", "vllm-router": "tab:purple",
+              "smg": "tab:brown", "litellm": "tab:gray"}  # fmt: skip
     panels = (
         ("latency, 1 conn: p50 (p99 pale), ms", "p50_1", "p99_1", True),
         (f"latency, {CONNECTIONS} conns paced: p50 (p99 pale), ms", "p50_c", "p99_c", True),
@@ -790,7 +803,8 @@ def command(
         typer.Option(
             callback=_peer_targets,
             help="Targets to run; repeat for several (default all: direct, nginx, tiergate, "
-            "tiergate-2w, vllm-router, smg, litellm). direct always runs: it is the reference.",
+            "tiergate-2w, tiergate-granian, vllm-router, smg, litellm). direct always runs: "
+            "it is the reference.",
         ),
     ] = None,
     peers_venv: Annotated[Path | None, typer.Option(help=PEERS_VENV_HELP)] = None,

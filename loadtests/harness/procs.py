@@ -205,6 +205,37 @@ class GatewayProcess(ManagedProcess):
                 "--host", self.host]  # fmt: skip
 
 
+@dataclass
+class GranianGatewayProcess(GatewayProcess):
+    """The gateway app (gateway.serve.asgi) served by granian instead of `tiergate serve`: one
+    worker, uvloop, HTTP/1 only, as `tiergate serve` runs."""
+
+    FACTORY = "gateway.serve.asgi:app"
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether granian and the factory can be found by the interpreter that would run them."""
+        probe = (
+            "import importlib.util as u, sys; "
+            "sys.exit(not (u.find_spec('granian') and u.find_spec('gateway.serve.asgi')))"
+        )
+        return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+    def version(self) -> str:
+        out = subprocess.run([sys.executable, "-m", "granian", "--version"],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        return out.stdout.strip().rsplit(" ", 1)[-1] or "unknown"
+
+    def __post_init__(self) -> None:
+        assert self.config is not None
+        self.env = {**(self.env or {}), "TIERGATE_CONFIG": str(self.config)}
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "granian", "--interface", "asgi", "--factory",
+                "--loop", "uvloop", "--http", "1", "--workers", "1", "--log-level", "warning",
+                "--host", self.host, "--port", str(self.port), self.FACTORY]  # fmt: skip
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
