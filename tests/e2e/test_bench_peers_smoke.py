@@ -18,9 +18,11 @@ from rich.console import Console
 
 from loadtests.harness.nginx import nginx_binary
 from loadtests.harness.peerenv import PEERS, default_venv, ensure
+from loadtests.harness.procs import GranianGatewayProcess
 from loadtests.peers import (
     FIGURES,
     GATEWAY,
+    GRANIAN,
     MAX_ADDED_P50_1_MS,
     MAX_CPU_MS,
     TARGETS,
@@ -66,6 +68,7 @@ def test_peers_report_has_a_row_or_a_note_for_every_target(tmp_path: Path) -> No
 
     skipped = {"nginx"} if nginx_binary() is None else set()
     skipped |= set() if workers else {WORKERS}
+    skipped |= set() if GranianGatewayProcess.available() else {GRANIAN}
     skipped |= set(PEERS) - installed
     assert report.targets == [t for t in TARGETS if t not in skipped]
     for name in skipped:
