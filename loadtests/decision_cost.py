@@ -7,6 +7,19 @@ past it, as in the gateway).
 This is the number the routing budget is about (the policy call in the gateway's process). The
 co-simulation measures the same call inside a running simulation too, where another process
 shares the cores and the caches are cold: both are reported.
+
+Each backend has a prediction of its own, as in the gateway, and a prediction remembers what
+decisions computed from it until the model learns again (gateway.routing.curves.Prediction:
+`limits`, `outlooks`). So three scenes (`SCENES`):
+- `moving`, what a gateway under load sees: before each decision, a stream ends on a backend
+  drawn by its streams and one of the same class starts where the last decision sent its
+  request (64 in flight throughout); every `REFIT_EVERY` decisions every prediction forgets
+  what it remembered, as a refit replaces it (the learner refits each backend that learned
+  something once per scrape round, 0.25 s by default: 100 decisions at 400 requests/s);
+- `fixed`: one snapshot throughout, so every outlook after the first decision is remembered
+  (the least a decision costs);
+- `cold`: the same snapshot, every outlook forgotten before each decision (the most: as after
+  a refit, for every candidate).
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -37,12 +51,15 @@ from gateway.routing.curves import Prediction
 from loadtests.common.report import revision
 
 __all__ = [
-    "GOALS_P99_US", "SIZES", "decision_alone", "goal_lines", "markdown", "repeated", "snapshot",
+    "GOALS_P99_US", "REFIT_EVERY", "SCENES", "SIZES", "Moving", "decision_alone", "goal_lines",
+    "markdown", "repeated", "snapshot",
 ]  # fmt: skip
 
 _MODEL = "m"
 _INFLIGHT = 64
 SIZES = (3, 16)  # backends in the snapshot
+SCENES = ("moving", "fixed", "cold")
+REFIT_EVERY = 100  # decisions between two refits in the `moving` scene (see above)
 
 
 def _prediction(role: Role) -> Prediction:
@@ -69,8 +86,50 @@ def snapshot(backends: int = 3) -> LoadSnapshot:
         tight = n // 4
         out.append(b)
         loads[b.url] = BackendLoad(running=n, inflight=n, slos=((0.012, tight), (0.025, n - tight)))
-        curves[b.url] = models[role]
+        curves[b.url] = replace(models[role])  # its own, as in the gateway (and its memories)
     return LoadSnapshot(tuple(out), loads, 0.0, curves, distinct=True)  # as the registry's
+
+
+def _forget(snap: LoadSnapshot, limits: bool) -> None:
+    """What the predictions remember of past decisions forgotten (the outlooks; `limits`:
+    the classes' limits too), as a refit's new predictions start."""
+    for pred in snap.curves.values():
+        # (getattr: a tree whose predictions remember no outlooks, compared with this one)
+        if (outlooks := getattr(pred, "outlooks", None)) is not None:
+            outlooks.clear()
+        if limits:
+            pred.limits.clear()
+
+
+class Moving:
+    """The `moving` scene's snapshot: `step(url)` ends a stream on a backend drawn by its
+    streams and starts one of its class on `url`, refitting every `refit_every` steps."""
+
+    def __init__(self, base: LoadSnapshot, seed: int, refit_every: int = REFIT_EVERY) -> None:
+        self.snap = base
+        self.streams = {url: dict(load.slos) for url, load in base.by_url.items()}
+        self.rng = random.Random(seed)
+        self.refit_every, self.steps = refit_every, 0
+
+    def step(self, url: str) -> LoadSnapshot:
+        k = self.rng.randrange(sum(sum(c.values()) for c in self.streams.values()))
+        ended = next((classes, s) for classes in self.streams.values()
+                     for s, count in classes.items() if (k := k - count) < 0)  # fmt: skip
+        classes, slo = ended
+        classes[slo] -= 1
+        to = self.streams[url]
+        to[slo] = to.get(slo, 0) + 1
+        self.steps += 1
+        if self.steps % self.refit_every == 0:
+            _forget(self.snap, limits=True)
+        loads = {}
+        for u, c in self.streams.items():
+            n = sum(c.values())
+            slos = tuple(sorted((s, k) for s, k in c.items() if k))
+            loads[u] = BackendLoad(running=n, inflight=n, slos=slos)
+        base = self.snap
+        self.snap = LoadSnapshot(base.backends, loads, 0.0, base.curves, distinct=True)
+        return self.snap
 
 
 def _pct(sorted_ns: Sequence[int], q: float) -> float:
@@ -79,10 +138,13 @@ def _pct(sorted_ns: Sequence[int], q: float) -> float:
 
 def decision_alone(
     policies: Sequence[str], rounds: int = 5, per_round: int = 20_000,
-    sizes: Sequence[int] = SIZES,
+    sizes: Sequence[int] = SIZES, scene: str = "fixed",
 ) -> dict[str, Any]:  # fmt: skip
-    """p50/p99 (µs) per policy and snapshot size over rounds x per_round calls; the policies'
-    order rotates per round, so neither always runs on a warmer cache."""
+    """p50/p99 (µs) per policy and snapshot size over rounds x per_round calls in one of
+    `SCENES`; the policies' order rotates per round, so neither always runs on a warmer
+    cache."""
+    if scene not in SCENES:
+        raise ValueError(f"unknown scene {scene!r}; choose from {', '.join(SCENES)}")
     params, slo = PolicyParams(), Slo()
     req = RouteRequest(_MODEL, stream=True, slo=slo)
     built = {name: build_policy(name, params) for name in policies}
@@ -100,10 +162,23 @@ def decision_alone(
                 for name in order:
                     policy, rng, state = built[name], random.Random(r), RouterState()
                     out = samples[(name, size)]
-                    for _ in range(per_round):
-                        t0 = clock()
-                        state = policy(req, snap, state, rng).state
-                        out.append(clock() - t0)
+                    _forget(snap, limits=True)  # each policy from the same start
+                    if scene == "moving":
+                        moving, now = Moving(snap, r), snap
+                        for _ in range(per_round):
+                            t0 = clock()
+                            decision = policy(req, now, state, rng)
+                            out.append(clock() - t0)
+                            state = decision.state
+                            now = moving.step(decision.candidates[0].url)
+                    else:
+                        cold = scene == "cold"
+                        for _ in range(per_round):
+                            if cold:
+                                _forget(snap, limits=False)
+                            t0 = clock()
+                            state = policy(req, snap, state, rng).state
+                            out.append(clock() - t0)
     finally:
         gc.unfreeze()  # the caller's process collects as before
     result: dict[str, Any] = {}
@@ -115,7 +190,8 @@ def decision_alone(
             "p99_us": _pct(ns, 99),
             "mean_us": statistics.fmean(ns) / 1000,
         }
-    return {"inflight": _INFLIGHT, "rounds": rounds, "sizes": list(sizes), "policies": result}
+    return {"inflight": _INFLIGHT, "rounds": rounds, "sizes": list(sizes), "scene": scene,
+            "policies": result}
 
 
 # The goals of one decision alone (µs at the 99th percentile), by backends in the snapshot.
@@ -125,45 +201,52 @@ GOALS_P99_US: Final = {3: 20.0, 16: 40.0}
 def repeated(
     policies: Sequence[str], runs: int, per_round: int, progress: Callable[[int], None],
 ) -> dict[str, Any]:  # fmt: skip
-    """`decision_alone` `runs` times over (`progress(run)` after each): one run's percentiles
-    move with what else the machine does, so a figure is the median of the runs', with each
-    run's beside it."""
-    each = []
+    """`decision_alone` in every scene, `runs` times over (`progress(done)` after each scene of
+    each run): one run's percentiles move with what else the machine does, so a figure is the
+    median of the runs', with each run's beside it."""
+    each: list[dict[str, Any]] = []
     for i in range(runs):
-        each.append(decision_alone(policies, per_round=per_round))
-        progress(i + 1)
+        run = {}
+        for j, scene in enumerate(SCENES):
+            run[scene] = decision_alone(policies, per_round=per_round, scene=scene)
+            progress(i * len(SCENES) + j + 1)
+        each.append(run)
     summary: dict[str, Any] = {}
-    for name in policies:
-        for size in (str(s) for s in SIZES):
-            cells = [r["policies"][name][size] for r in each]
-            summary.setdefault(name, {})[size] = {
-                "samples": sum(c["samples"] for c in cells),
-                **{
-                    f"{q}_us": {"median": statistics.median(c[f"{q}_us"] for c in cells),
-                                "runs": [c[f"{q}_us"] for c in cells]}
-                    for q in ("p50", "p99")
-                },
-            }  # fmt: skip
-    return {"inflight": _INFLIGHT, "runs": each, "summary": summary}
+    for scene in SCENES:
+        for name in policies:
+            for size in (str(s) for s in SIZES):
+                cells = [r[scene]["policies"][name][size] for r in each]
+                summary.setdefault(scene, {}).setdefault(name, {})[size] = {
+                    "samples": sum(c["samples"] for c in cells),
+                    **{
+                        f"{q}_us": {"median": statistics.median(c[f"{q}_us"] for c in cells),
+                                    "runs": [c[f"{q}_us"] for c in cells]}
+                        for q in ("p50", "p99")
+                    },
+                }  # fmt: skip
+    return {"inflight": _INFLIGHT, "refit_every": REFIT_EVERY, "runs": each, "summary": summary}
 
 
 def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
-    """One line per snapshot size: the goal, the median p99 of the runs, every run's, and the
-    verdict (NOT MET first: a goal is met only if every run met it)."""
+    """One line per scene and snapshot size: the goal, the median p99 of the runs, every run's,
+    and the verdict (NOT MET first: a goal is met only if every run met it)."""
     lines = []
-    for size, goal in sorted(GOALS_P99_US.items(), key=lambda kv: kv[0]):
-        cell = report["summary"][policy][str(size)]["p99_us"]
-        worst = max(cell["runs"])
-        verdict = "MET" if worst <= goal else ("NOT MET" if cell["median"] > goal else
-                                               "met in the median run, not in every run")
-        runs = ", ".join(f"{v:.1f}" for v in cell["runs"])
-        lines.append(f"{policy}, {size} backends: p99 {cell['median']:.1f} µs (median of "
-                     f"{len(cell['runs'])} runs; each: {runs}), goal <= {goal:g} µs: {verdict}")
+    for scene in SCENES:
+        for size, goal in sorted(GOALS_P99_US.items(), key=lambda kv: kv[0]):
+            cell = report["summary"][scene][policy][str(size)]["p99_us"]
+            worst = max(cell["runs"])
+            verdict = "MET" if worst <= goal else ("NOT MET" if cell["median"] > goal else
+                                                   "met in the median run, not in every run")
+            runs = ", ".join(f"{v:.1f}" for v in cell["runs"])
+            lines.append(f"{scene}, {policy}, {size} backends: p99 {cell['median']:.1f} µs "
+                         f"(median of {len(cell['runs'])} runs; each: {runs}), goal <= "
+                         f"{goal:g} µs: {verdict}")  # fmt: skip
     return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The report as markdown: the goals, then p50/p99 per policy and size, every run's."""
+    """The report as markdown: the goals, then p50/p99 per scene, policy and size, every
+    run's."""
     summary, rev = report["summary"], report["revision"]
     code = f"commit {rev['commit']}" + (
         f" with uncommitted changes to {', '.join(rev['modified'])}" if rev["modified"] else ""
@@ -174,11 +257,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"Command: `{report['command']}`  ",
         f"Date: {report['date']}. Code: {code}. Machine: {report['machine']}, "
         f"{report['nproc']} CPUs.  ",
-        f"Each policy called in a loop on a fixed snapshot with {report['inflight']} requests in "
-        "flight and the latency model's predictions in it (loadtests.decision_cost), with 3 and "
-        "16 backends; each run is 5 rounds whose policy order rotates, after `gc.freeze()` as "
-        "the gateway's process does. A run's 99th percentile moves with what else the machine "
-        "does: the figures are the median of the runs, each run's beside it.",
+        f"Each policy called in a loop on a snapshot with {report['inflight']} requests in "
+        "flight and the latency model's predictions in it, one per backend "
+        "(loadtests.decision_cost), with 3 and 16 backends, in three scenes: `moving` (before "
+        "each decision a stream ends at random and one starts where the last decision sent "
+        f"its request; the predictions refitted every {report['refit_every']} decisions, "
+        "forgetting what they remembered), `fixed` (one snapshot: every outlook remembered "
+        "after the first decision) and `cold` (one snapshot, every outlook forgotten before "
+        "each decision). Each run is 5 rounds per scene whose policy order rotates, after "
+        "`gc.freeze()` as the gateway's process does. A run's 99th percentile moves with what "
+        "else the machine does: the figures are the median of the runs, each run's beside it.",
         "",
         "## Goals",
         "",
@@ -186,17 +274,19 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Every policy (µs)",
         "",
-        "| policy | backends | samples | p50 median | p50 per run | p99 median | p99 per run |",
-        "|---|---|---|---|---|---|---|",
+        "| scene | policy | backends | samples | p50 median | p50 per run | p99 median | "
+        "p99 per run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, by_size in summary.items():
-        for size, c in by_size.items():
-            p50, p99 = c["p50_us"], c["p99_us"]
-            out.append(
-                f"| {name} | {size} | {c['samples']} | {p50['median']:.1f} | "
-                f"{' / '.join(f'{v:.1f}' for v in p50['runs'])} | {p99['median']:.1f} | "
-                f"{' / '.join(f'{v:.1f}' for v in p99['runs'])} |"
-            )
+    for scene, by_policy in summary.items():
+        for name, by_size in by_policy.items():
+            for size, c in by_size.items():
+                p50, p99 = c["p50_us"], c["p99_us"]
+                out.append(
+                    f"| {scene} | {name} | {size} | {c['samples']} | {p50['median']:.1f} | "
+                    f"{' / '.join(f'{v:.1f}' for v in p50['runs'])} | {p99['median']:.1f} | "
+                    f"{' / '.join(f'{v:.1f}' for v in p99['runs'])} |"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -209,7 +299,8 @@ def command(
         int,
         typer.Option(
             min=5,
-            help="Calls per run, policy and snapshot size (3 and 16 backends), over 5 rounds.",
+            help="Calls per run, scene, policy and snapshot size (3 and 16 backends), over 5 "
+            "rounds.",
         ),
     ] = 100_000,
     policy: Annotated[
@@ -221,8 +312,10 @@ def command(
     out: Annotated[Path | None, typer.Option(help="Folder for decision-cost.md/.json.")] = None,
 ) -> None:
     """The CPU cost of one routing decision alone, per policy, with 3 and 16 backends: each
-    policy called in a loop on a fixed snapshot, `runs` times over; medians and every run's
-    p50/p99, against the goals (learned: p99 <= 20 µs with 3 backends, <= 40 µs with 16)."""
+    policy called in a loop on a snapshot that moves as a gateway's under load does, on one
+    that stays fixed (what predictions remember is reused) and on one whose predictions forget
+    before each decision, `runs` times over; medians and every run's p50/p99, against the
+    goals (learned: p99 <= 20 µs with 3 backends, <= 40 µs with 16)."""
     import json
 
     from rich.console import Console
@@ -242,7 +335,7 @@ def command(
         names = ("learned", *names)  # the goals are the learned policy's
     console = Console()
     with Progress(console=console) as bar:
-        task = bar.add_task("timing decisions", total=runs)
+        task = bar.add_task("timing decisions", total=runs * len(SCENES))
         report = repeated(
             names, runs, max(1, calls // 5), lambda done: bar.update(task, completed=done)
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 __all__ = ["KNOTS", "TABLE_MAX", "UNKNOWN_CURVE", "Curve", "Prediction"]
 
@@ -137,6 +137,12 @@ class Prediction:
     # gateway.routing.learned.most_streams per ln SLO, as computed: a search the same for every
     # decision until the model learns again (a cache of a function of the fields above).
     limits: dict[float, int] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    # gateway.routing.learned.outlook per (streams there, their SLOs, the request's SLO and the
+    # policy's limits), as computed: between two decisions most candidates' loads are as they
+    # were, and the outlook is a function of these and of the fields above (a cache).
+    outlooks: dict[tuple[Any, ...], tuple[float, float, float, float, bool, int, bool]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 

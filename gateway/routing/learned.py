@@ -142,6 +142,26 @@ def _outlook(
         if n:
             return math.inf, 0.0, 0.0, 0.0, False, n, True
         return math.inf, 0.0, 1.0, params.first, False, n, True
+    # Remembered by the prediction, keyed by all the rest the outlook depends on: between two
+    # decisions most candidates' streams are as they were (or as they were a moment ago), and
+    # a prediction lives until the model learns again. ~0.3 us to look up against ~1.3 us.
+    busy = not load.stale and load.waiting > params.max_waiting
+    key = (n, load.slos, slo.tpot_s, slo.ttft_s, busy, params.ttft_room, params.full_ttft_factor)
+    memo = pred.outlooks
+    found = memo.get(key)
+    if found is not None:
+        return found
+    if len(memo) >= _OUTLOOKS:
+        memo.clear()
+    found = memo[key] = _fresh(load, pred, slo, params, (n, busy))
+    return found
+
+
+def _fresh(
+    load: BackendLoad, pred: Prediction, slo: Slo, params: _Limits, at: tuple[int, bool]
+) -> tuple[float, float, float, float, bool, int, bool]:
+    """`_outlook` computed: `at` is (the streams there, whether the engine's queue is long)."""
+    n, busy = at
     rows = pred.rows
     if n + 1 < len(rows):  # the common case, read from the tables directly
         now, _, o0, z0 = rows[n]
@@ -177,11 +197,12 @@ def _outlook(
     # batch limit a stream waits for a slot, which the TTFT curve (learned where streams ran)
     # does not show, and a backend whose streams all miss their SLO already loses nothing by
     # one more, so without this it would draw every request while its queue grows.
-    full = ttft > params.full_ttft_factor * slo.ttft_s or (
-        not load.stale and load.waiting > params.max_waiting
-    )
+    full = busy or ttft > params.full_ttft_factor * slo.ttft_s
     return tpot, ttft, p, gain, full, n, n >= pred.frontier
 
+
+# The most outlooks a prediction remembers (gateway.routing.curves.Prediction.outlooks).
+_OUTLOOKS = 1024
 
 # Read once at import: an enum member read through its class costs a lookup per candidate.
 _LATENCY = Role.LATENCY

@@ -230,10 +230,35 @@ def test_a_decision_goal_is_met_only_in_every_run(p99_runs: list[float], verdict
     def cell(runs: list[float]) -> dict[str, object]:
         return {"p99_us": {"median": statistics.median(runs), "runs": runs}}
 
-    report = {"summary": {"learned": {"3": cell(p99_runs), "16": cell([1.0])}}}
-    line = decision_cost.goal_lines(report)[0]
-    assert line.startswith("learned, 3 backends")
-    assert line.endswith(f"goal <= 20 µs: {verdict}")
+    scene = {"learned": {"3": cell(p99_runs), "16": cell([1.0])}}
+    report = {"summary": dict.fromkeys(decision_cost.SCENES, scene)}
+    lines = decision_cost.goal_lines(report)
+    assert len(lines) == 2 * len(decision_cost.SCENES)
+    assert lines[0].startswith("moving, learned, 3 backends")
+    assert lines[0].endswith(f"goal <= 20 µs: {verdict}")
+    assert lines[1].endswith("goal <= 40 µs: MET")
+
+
+def test_the_moving_scene_keeps_its_streams_and_moves_them_where_decisions_send_them() -> None:
+    snap = snapshot(16)
+    moving = decision_cost.Moving(snap, seed=1, refit_every=3)
+    pred = snap.curves["http://backend-5:8000"]
+    pred.outlooks[(0,)] = (0.0, 0.0, 0.0, 0.0, False, 0, False)
+    target = "http://backend-3:8000"
+    before = snap.by_url[target].inflight
+    now = snap
+    for i in range(1, 7):
+        now = moving.step(target)
+        assert sum(b.inflight for b in now.by_url.values()) == 64
+        for load in now.by_url.values():
+            assert load.inflight == sum(c for _, c in load.slos)
+            assert [s for s, _ in load.slos] == sorted(s for s, _ in load.slos)
+        assert now.curves is snap.curves  # the same predictions, until a refit forgets
+        assert bool(pred.outlooks) == (i % 3 != 0)  # forgotten at every third step
+        pred.outlooks[(i,)] = (0.0, 0.0, 0.0, 0.0, False, 0, False)
+    assert now.by_url[target].inflight > before
+    tight = sum(c for b in now.by_url.values() for s, c in b.slos if s == 0.012)
+    assert tight == sum(c for b in snap.by_url.values() for s, c in b.slos if s == 0.012)
 
 
 def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
@@ -242,8 +267,10 @@ def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "decision-cost.json").read_text())
     assert len(report["runs"]) == 2
-    assert set(report["summary"]) == {"learned", "least-loaded"}  # the goals' policy joins
-    cell = report["summary"]["least-loaded"]["16"]
+    assert set(report["summary"]) == set(decision_cost.SCENES)
+    for scene in decision_cost.SCENES:  # the goals' policy joins
+        assert set(report["summary"][scene]) == {"learned", "least-loaded"}
+    cell = report["summary"]["moving"]["least-loaded"]["16"]
     assert cell["samples"] == 20
     assert len(cell["p99_us"]["runs"]) == 2
     assert "## Goals" in (tmp_path / "decision-cost.md").read_text()

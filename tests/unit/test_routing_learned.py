@@ -585,3 +585,30 @@ def test_a_large_tier_is_evaluated_by_a_shortlist() -> None:
     assert all(abs(c - expected) < 0.1 * expected for c in counts.values()), counts
     d = LEARNED(RouteRequest(MODEL, slo=STANDARD), s, RouterState(), random.Random(0))
     assert sorted(b.url for b in d.candidates) == sorted(b.url for b in [L0, *pool])
+
+
+def test_a_remembered_outlook_is_the_one_computed_afresh() -> None:
+    """A prediction remembers outlooks by what they depend on (the streams there and their
+    SLOs, the request's SLO, the policy's limits): over loads, SLOs and policies, each asked in
+    turn of the same prediction, the outlook read is the one from a copy that remembers none."""
+    rng = random.Random(7)
+    # TTFT rising through every SLO's margin and "full" threshold below
+    shared = replace(eagle(spread=0.1), ttft=Curve.of(lambda n: 0.03 * n))
+    settings = ((0.1, 3.0, 8), (0.3, 3.0, 8), (0.1, 1.5, 8), (0.1, 3.0, 0))
+    policies = [Learned.build("learned", PolicyParams(slo_margin=m, full_ttft_factor=f,
+                                                      max_waiting=w))
+                for m, f, w in settings]  # fmt: skip
+    slos = [INTERACTIVE, STANDARD, Slo(ttft_s=0.2, tpot_s=0.012), Slo(ttft_s=1.0, tpot_s=0.05)]
+    asked = 0
+    for n in range(40):
+        tight = rng.randrange(0, n + 1)
+        classes = tuple((s, c) for s, c in ((0.012, tight), (0.025, n - tight)) if c)
+        lb = BackendLoad(running=rng.randrange(0, 45), waiting=rng.choice((0, 3, 12)),
+                         inflight=n, stale=rng.random() < 0.2, slos=classes,
+                         inflight_at_scrape=rng.choice((None, n)))  # fmt: skip
+        for slo in slos:  # the same load, each SLO and policy in turn
+            for limits in (p.limits for p in policies):
+                got = outlook(L0, lb, shared, slo, limits)
+                assert got == outlook(L0, lb, replace(shared), slo, limits), (lb, slo, limits)
+                asked += 1
+    assert 0 < len(shared.outlooks) < asked  # some were read back
