@@ -11,11 +11,14 @@ shares the cores and the caches are cold: both are reported.
 Each backend has a prediction of its own, as in the gateway, and a prediction remembers what
 decisions computed from it until the model learns again (gateway.routing.curves.Prediction:
 `limits`, `outlooks`). So three scenes (`SCENES`):
-- `moving`, what a gateway under load sees: before each decision, a stream ends on a backend
-  drawn by its streams and one of the same class starts where the last decision sent its
-  request (64 in flight throughout); every `REFIT_EVERY` decisions every prediction forgets
-  what it remembered, as a refit replaces it (the learner refits each backend that learned
-  something once per scrape round, 0.25 s by default: 100 decisions at 400 requests/s);
+- `moving`, what a gateway under load sees: requests of both classes (a quarter 12 ms, the
+  12 ms ones' decisions not timed); after each decision a stream drawn among all ends and the
+  request's starts where the decision sent it (64 in flight throughout); every `REFIT_EVERY`
+  decisions every prediction forgets what it remembered, as a refit replaces it (the learner
+  refits each backend that learned something once per scrape round, 0.25 s by default: 100
+  decisions at 400 requests/s), and is told the limits of the classes in flight, as the
+  learner tells a new one (gateway.routing.learned.remember_limits, not timed: it runs in the
+  learner's round, not in a decision);
 - `fixed`: one snapshot throughout, so every outlook after the first decision is remembered
   (the least a decision costs);
 - `cold`: the same snapshot, every outlook forgotten before each decision (the most: as after
@@ -46,13 +49,14 @@ from gateway.routing import (
     RouterState,
     Slo,
     build_policy,
+    learned,
 )
 from gateway.routing.curves import Prediction
 from loadtests.common.report import revision
 
 __all__ = [
-    "GOALS_P99_US", "REFIT_EVERY", "SCENES", "SIZES", "Moving", "decision_alone", "goal_lines",
-    "markdown", "repeated", "snapshot",
+    "GOALS_P99_US", "REFIT_EVERY", "SCENES", "SIZES", "TIGHT_SHARE", "Moving", "decision_alone",
+    "goal_lines", "markdown", "repeated", "snapshot",
 ]  # fmt: skip
 
 _MODEL = "m"
@@ -101,9 +105,14 @@ def _forget(snap: LoadSnapshot, limits: bool) -> None:
             pred.limits.clear()
 
 
+TIGHT_SHARE = 0.25  # of the requests (and so of the streams), the 12 ms class's
+
+
 class Moving:
-    """The `moving` scene's snapshot: `step(url)` ends a stream on a backend drawn by its
-    streams and starts one of its class on `url`, refitting every `refit_every` steps."""
+    """The `moving` scene's snapshot. Requests come of both classes (`TIGHT_SHARE` of them
+    12 ms, `tight()` draws the next one's); `step(url, tpot_s)` ends a stream drawn among all
+    and starts the request's on `url`, where its decision sent it, so the streams settle where
+    the policy puts them; every `refit_every` steps the predictions forget (a refit)."""
 
     def __init__(self, base: LoadSnapshot, seed: int, refit_every: int = REFIT_EVERY) -> None:
         self.snap = base
@@ -111,17 +120,24 @@ class Moving:
         self.rng = random.Random(seed)
         self.refit_every, self.steps = refit_every, 0
 
-    def step(self, url: str) -> LoadSnapshot:
+    def tight(self) -> bool:
+        return self.rng.random() < TIGHT_SHARE
+
+    def step(self, url: str, tpot_s: float) -> LoadSnapshot:
         k = self.rng.randrange(sum(sum(c.values()) for c in self.streams.values()))
-        ended = next((classes, s) for classes in self.streams.values()
-                     for s, count in classes.items() if (k := k - count) < 0)  # fmt: skip
-        classes, slo = ended
+        classes, slo = next((classes, s) for classes in self.streams.values()
+                            for s, count in classes.items() if (k := k - count) < 0)  # fmt: skip
         classes[slo] -= 1
         to = self.streams[url]
-        to[slo] = to.get(slo, 0) + 1
+        to[tpot_s] = to.get(tpot_s, 0) + 1
         self.steps += 1
-        if self.steps % self.refit_every == 0:
+        if self.steps % self.refit_every == 0:  # as the learner hands routing new predictions
             _forget(self.snap, limits=True)
+            classes = {s for c in self.streams.values() for s, k in c.items() if k}
+            warm = getattr(learned, "remember_limits", None)  # (None: an older tree's)
+            for pred in self.snap.curves.values():
+                if warm is not None:
+                    warm(pred, classes)
         loads = {}
         for u, c in self.streams.items():
             n = sum(c.values())
@@ -147,6 +163,7 @@ def decision_alone(
         raise ValueError(f"unknown scene {scene!r}; choose from {', '.join(SCENES)}")
     params, slo = PolicyParams(), Slo()
     req = RouteRequest(_MODEL, stream=True, slo=slo)
+    tight = RouteRequest(_MODEL, stream=True, slo=Slo(tpot_s=0.012))
     built = {name: build_policy(name, params) for name in policies}
     snaps = {size: snapshot(size) for size in sizes}
     samples: dict[tuple[str, int], list[int]] = {(p, s): [] for p in policies for s in sizes}
@@ -163,14 +180,19 @@ def decision_alone(
                     policy, rng, state = built[name], random.Random(r), RouterState()
                     out = samples[(name, size)]
                     _forget(snap, limits=True)  # each policy from the same start
-                    if scene == "moving":
-                        moving, now = Moving(snap, r), snap
-                        for _ in range(per_round):
+                    if scene == "moving":  # the 25 ms requests timed, the 12 ms ones not
+                        moving, now, timed = Moving(snap, r), snap, 0
+                        while timed < per_round:
+                            if moving.tight():
+                                decision = policy(tight, now, state, rng)
+                                now = moving.step(decision.candidates[0].url, tight.slo.tpot_s)
+                                state = decision.state
+                                continue
                             t0 = clock()
                             decision = policy(req, now, state, rng)
                             out.append(clock() - t0)
-                            state = decision.state
-                            now = moving.step(decision.candidates[0].url)
+                            state, timed = decision.state, timed + 1
+                            now = moving.step(decision.candidates[0].url, slo.tpot_s)
                     else:
                         cold = scene == "cold"
                         for _ in range(per_round):
@@ -259,9 +281,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['nproc']} CPUs.  ",
         f"Each policy called in a loop on a snapshot with {report['inflight']} requests in "
         "flight and the latency model's predictions in it, one per backend "
-        "(loadtests.decision_cost), with 3 and 16 backends, in three scenes: `moving` (before "
-        "each decision a stream ends at random and one starts where the last decision sent "
-        f"its request; the predictions refitted every {report['refit_every']} decisions, "
+        "(loadtests.decision_cost), with 3 and 16 backends, in three scenes: `moving` (requests "
+        "of both classes, a quarter 12 ms, whose decisions are not timed; after each decision "
+        "a stream ends at random and the request's starts where the decision sent it; the "
+        f"predictions refitted every {report['refit_every']} decisions, "
         "forgetting what they remembered), `fixed` (one snapshot: every outlook remembered "
         "after the first decision) and `cold` (one snapshot, every outlook forgotten before "
         "each decision). Each run is 5 rounds per scene whose policy order rotates, after "

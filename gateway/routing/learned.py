@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import erf, log2
 from typing import NamedTuple
@@ -71,7 +71,7 @@ from gateway.routing.types import (
 
 __all__ = [
     "NOTHING", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "first_stream", "guard",
-    "kept_for_tighter", "met", "most_streams", "outlook", "shortlist",
+    "kept_for_tighter", "met", "most_streams", "outlook", "remember_limits", "shortlist",
 ]  # fmt: skip
 
 _FLOOR = 1e-6
@@ -307,6 +307,17 @@ def most_streams(log_slo: float, pred: Prediction) -> int:
             memo.clear()
         found = memo[log_slo] = _most_streams(log_slo, pred)
     return found
+
+
+def remember_limits(pred: Prediction, tpot_slos: Iterable[float]) -> None:
+    """`most_streams` for each TPOT SLO in `tpot_slos` but the loosest, remembered by `pred`
+    before any decision asks: a decision asks only of classes tighter than its request's, and
+    the first one after a refit would otherwise search for every candidate (the learner calls
+    this when it hands routing new predictions, off the request path)."""
+    tighter = sorted(set(tpot_slos))[:-1]
+    for s in tighter:
+        if s > 0:
+            most_streams(log2(s) * _LN2, pred)  # the ln TighterClasses reads, to the bit
 
 
 def _most_streams(log_slo: float, pred: Prediction) -> int:

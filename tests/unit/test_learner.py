@@ -4,12 +4,15 @@ have seen past its own frontier."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from gateway.backends.learner import Learner
 from gateway.backends.registry import Registry
 from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import BackendConfig, LearningConfig, Settings, TierConfig
 from gateway.observe.telemetry import Telemetry
+from gateway.routing import BackendLoad
+from gateway.routing.learned import TighterClasses, most_streams
 from gateway.wire.metrics import EngineStats
 
 MODEL = "m"
@@ -70,3 +73,29 @@ def test_a_tier_mate_learning_more_updates_the_others() -> None:
     after = learner.registry.curves[POOL[1]]
     assert after.doubt[16] < before.doubt[16]
     assert math.isclose(after.tpot.at(2), before.tpot.at(2))
+
+
+def test_new_predictions_know_the_tighter_classes_limits_before_a_decision_asks() -> None:
+    learner = _learner()
+    entry = learner.registry.entry(POOL[0])
+    entry.slos = ((0.012, 2), (0.025, 3))  # two classes in flight
+    learner.registry.entry(FAST).recent = ((0.05, 0.5),)  # a third lately, elsewhere
+    _run(learner, POOL[0], range(1, 17), 0.02)
+    _run(learner, FAST, range(1, 9), 0.005)
+    for url in (POOL[0], FAST):
+        pred = learner.registry.curves[url]
+        fresh = replace(pred)
+        wanted = {math.log2(s) * math.log(2.0): most_streams(math.log2(s) * math.log(2.0), fresh)
+                  for s in (0.012, 0.025)}  # fmt: skip
+        assert pred.limits == wanted  # the loosest class (50 ms) is never asked of
+        # ... under the very keys a decision reads them by: asking adds nothing
+        TighterClasses([pred], [BackendLoad(slos=entry.slos)], 0.05).able(
+            math.log2(0.012) * math.log(2.0))
+        assert pred.limits == wanted
+
+
+def test_one_class_alone_leaves_the_limits_to_the_decisions() -> None:
+    learner = _learner()
+    learner.registry.entry(POOL[0]).slos = ((0.025, 3),)
+    _run(learner, POOL[0], range(1, 9), 0.02)
+    assert learner.registry.curves[POOL[0]].limits == {}
