@@ -133,11 +133,11 @@ class Moving:
         self.steps += 1
         if self.steps % self.refit_every == 0:  # as the learner hands routing new predictions
             _forget(self.snap, limits=True)
-            classes = {s for c in self.streams.values() for s, k in c.items() if k}
+            flying = {s for c in self.streams.values() for s, k in c.items() if k}
             warm = getattr(learned, "remember_limits", None)  # (None: an older tree's)
             for pred in self.snap.curves.values():
                 if warm is not None:
-                    warm(pred, classes)
+                    warm(pred, flying)
         loads = {}
         for u, c in self.streams.items():
             n = sum(c.values())
