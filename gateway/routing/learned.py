@@ -151,17 +151,6 @@ def _outlook(
     found = memo.get(key)
     if found is not None:
         return found
-    if len(memo) >= _OUTLOOKS:
-        memo.clear()
-    found = memo[key] = _fresh(load, pred, slo, params, (n, busy))
-    return found
-
-
-def _fresh(
-    load: BackendLoad, pred: Prediction, slo: Slo, params: _Limits, at: tuple[int, bool]
-) -> tuple[float, float, float, float, bool, int, bool]:
-    """`_outlook` computed: `at` is (the streams there, whether the engine's queue is long)."""
-    n, busy = at
     rows = pred.rows
     if n + 1 < len(rows):  # the common case, read from the tables directly
         now, _, o0, z0 = rows[n]
@@ -198,7 +187,11 @@ def _fresh(
     # does not show, and a backend whose streams all miss their SLO already loses nothing by
     # one more, so without this it would draw every request while its queue grows.
     full = busy or ttft > params.full_ttft_factor * slo.ttft_s
-    return tpot, ttft, p, gain, full, n, n >= pred.frontier
+    found = tpot, ttft, p, gain, full, n, n >= pred.frontier
+    if len(memo) >= _OUTLOOKS:
+        memo.clear()
+    memo[key] = found
+    return found
 
 
 # The most outlooks a prediction remembers (gateway.routing.curves.Prediction.outlooks).
