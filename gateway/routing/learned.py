@@ -144,7 +144,8 @@ def _outlook(
         return math.inf, 0.0, 1.0, params.first, False, n, True
     # Remembered by the prediction, keyed by all the rest the outlook depends on: between two
     # decisions most candidates' streams are as they were (or as they were a moment ago), and
-    # a prediction lives until the model learns again. ~0.3 us to look up against ~1.3 us.
+    # a prediction lives until the model learns again. A look-up costs a fraction of the
+    # computation, a miss a little more than it (docs/results/decision-cost-scenes).
     busy = not load.stale and load.waiting > params.max_waiting
     key = (n, load.slos, slo.tpot_s, slo.ttft_s, busy, params.ttft_room, params.full_ttft_factor)
     memo = pred.outlooks
