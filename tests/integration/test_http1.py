@@ -135,6 +135,35 @@ async def test_a_reader_that_falls_behind_pauses_the_engine_then_gets_every_byte
         await p.aclose()
 
 
+async def test_a_connection_paused_by_the_end_of_a_body_serves_the_next_answer() -> None:
+    """Whole bodies past the high-water mark, one after another on one kept-alive connection,
+    each read once the connection has paused: the last of a body may pause it, and it must go
+    back to the pool reading again (it went back paused, and the next answer was never read)."""
+    body = bytes(range(256)) * 1200  # 300 KiB
+
+    async def answers(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(r)
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            await w.drain()
+
+    async with serving(answers) as srv:
+        p = pool(read_timeout_s=3.0)
+        for _ in range(4):
+            resp = await p.post(srv.url, "/x", b"{}", {})
+            conn = resp._conn
+            for _ in range(300):  # until the engine's bytes pass the high-water mark
+                if conn.paused:
+                    break
+                await asyncio.sleep(0.01)
+            assert conn.paused
+            assert await resp.read() == body
+            assert not conn.paused
+            resp.release()
+        await p.aclose()
+    assert srv.connections == 1
+
+
 async def test_an_idle_connection_closed_by_the_engine_is_replaced_transparently() -> None:
     async def one_answer_then_close(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
