@@ -62,7 +62,7 @@ from loadtests.routing_sim.cosim import (
     plan_steps,
 )
 
-__all__ = ["TIERS", "Replica", "Run", "Scaler", "Served", "Spec", "simulate"]
+__all__ = ["STARTUP_S", "TIERS", "Replica", "Run", "Scaler", "Served", "Spec", "simulate"]
 
 TIERS = ("latency", "throughput")
 
@@ -70,6 +70,9 @@ TIERS = ("latency", "throughput")
 # counts before anything reads the load), then requests reaching an engine, new requests,
 # replicas that finish starting, the monitor's round, the planner, the autoscaler.
 _STEP_END, _ARRIVE, _REQUEST, _READY, _SHIFT, _SCRAPE, _PLAN, _SYNC = range(8)
+
+
+STARTUP_S = (30.0, 120.0)  # a new replica's start-up (s), uniform between the two
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,7 @@ class Spec:
     seed: int = 0
     start: tuple[int, int] = (1, 2)  # replicas per tier at 0 (serving from the start)
     bounds: tuple[tuple[int, int], tuple[int, int]] = ((1, 4), (2, 10))  # (min, max) per tier
-    startup_s: tuple[float, float] = (30.0, 120.0)  # a new replica's start-up, uniform
+    startup_s: tuple[float, float] = STARTUP_S  # a new replica's start-up, uniform
     sync_s: float = 15.0
     scrape_interval_s: float = 0.25
     prompt_tokens: int = 128

@@ -28,7 +28,7 @@ from engines.sim.profile import load_profile
 from gateway.config.settings import PlannerConfig
 from gateway.routing import Slo
 from loadtests.autoscale.arms import ARMS
-from loadtests.autoscale.cosim import TIERS, Run, Spec, simulate
+from loadtests.autoscale.cosim import STARTUP_S, TIERS, Run, Spec, simulate
 from loadtests.autoscale.traces import TRACES, Klass
 from loadtests.common.report import markdown_table, print_tables, revision
 from loadtests.common.stats import median, rotation
@@ -194,8 +194,9 @@ def tasks(opts: Options, ceilings: dict[str, float]) -> list[Task]:
                     spec = Spec(d.latency, d.throughput, d.classes, tr, ceilings[dep], arm,
                                 seed=seed,
                                 shifted_acceptance=None if shifted is None else shifted.acceptance,
-                                # As docs/autoscaling.md says to set it: the replicas' start-up.
-                                planner=PlannerConfig(startup_s=75.0))  # fmt: skip
+                                # As docs/autoscaling.md says to set it: the longest
+                                # start-up of a replica.
+                                planner=PlannerConfig(startup_s=STARTUP_S[1]))  # fmt: skip
                     out.append(Task(dep, trace, arm, seed, spec))
     return out
 
