@@ -117,6 +117,7 @@ class Moving:
     def __init__(self, base: LoadSnapshot, seed: int, refit_every: int = REFIT_EVERY) -> None:
         self.snap = base
         self.streams = {url: dict(load.slos) for url, load in base.by_url.items()}
+        self.total = sum(load.inflight for load in base.by_url.values())  # kept by every step
         self.rng = random.Random(seed)
         self.refit_every, self.steps = refit_every, 0
 
@@ -124,7 +125,7 @@ class Moving:
         return self.rng.random() < TIGHT_SHARE
 
     def step(self, url: str, tpot_s: float) -> LoadSnapshot:
-        k = self.rng.randrange(sum(sum(c.values()) for c in self.streams.values()))
+        k = self.rng.randrange(self.total)
         classes, slo = next((classes, s) for classes in self.streams.values()
                             for s, count in classes.items() if (k := k - count) < 0)  # fmt: skip
         classes[slo] -= 1
@@ -133,10 +134,10 @@ class Moving:
         self.steps += 1
         if self.steps % self.refit_every == 0:  # as the learner hands routing new predictions
             _forget(self.snap, limits=True)
-            flying = {s for c in self.streams.values() for s, k in c.items() if k}
             warm = getattr(learned, "remember_limits", None)  # (None: an older tree's)
-            for pred in self.snap.curves.values():
-                if warm is not None:
+            if warm is not None:
+                flying = {s for c in self.streams.values() for s, k in c.items() if k}
+                for pred in self.snap.curves.values():
                     warm(pred, flying)
         loads = {}
         for u, c in self.streams.items():
