@@ -438,6 +438,10 @@ class PlannerConfig(_Model):
     # The time constant of the demand's short average (its long one: 4x): shorter follows a
     # change sooner, longer is steadier.
     tau_s: float = Field(default=60.0, gt=0, le=86_400)
+    # The time constant of the average that notices a surge (gateway.planner.demand): while it
+    # stands far beyond the noise above the steadier rate, its rate is planned for. Short against
+    # a replica's start-up; null: the shorter of 5 s and a quarter of tau_s.
+    surge_tau_s: float | None = Field(default=None, gt=0, le=86_400)
     # Spare capacity over the forecast, for its error.
     headroom: float = Field(default=_PLAN.headroom, ge=0, le=10)
     # How long a new replica takes to serve: a rising demand is carried over it.
@@ -446,6 +450,17 @@ class PlannerConfig(_Model):
     attainment: float = Field(default=_PLAN.attainment, gt=0, lt=1)
     # The answer length assumed for a class until one of its requests has finished.
     default_output_tokens: float = Field(default=256.0, gt=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _check_surge(self) -> Self:
+        if self.surge_tau_s is not None and self.surge_tau_s >= self.tau_s:
+            raise _FieldError("surge_tau_s", "must be shorter than tau_s")
+        return self
+
+    @property
+    def surge_s(self) -> float:
+        """The surge average's time constant in effect."""
+        return self.surge_tau_s if self.surge_tau_s is not None else min(5.0, self.tau_s / 4.0)
 
     @property
     def params(self) -> PlanParams:

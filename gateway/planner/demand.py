@@ -10,6 +10,18 @@ on a rise the rate now is the short one plus its lag (Holt's linear trend, from 
 instead of a fitted line: two numbers per class, updated in O(1)). On a fall the short average
 stands: a drop read as a steep decline would be carried below zero within a time constant,
 and a plan that undershoots misses SLOs where one that overshoots costs a replica a while.
+
+A surge outruns both: a flash crowd of five times the rate within a minute has risen most of the
+way before an average of a minute's constant has moved, and a replica asked for late serves late.
+A third average, of a much shorter constant (`surge_tau_s`), watches for it: once it stands more
+than `SURGE_Z` standard deviations above the rate read from the other two (the deviation of such
+an average over a steady Poisson process of that rate: sqrt(rate / (2 x surge_tau_s))), the rise
+is no noise, and its rate and the slope between it and the short average are read instead, until
+the other two have come within `SURGE_END_Z` deviations of it (a step read by them alone lags
+for a few of their time constants). Read from the fast average always, the rate would be noisy,
+and an autoscaler that scales down only after the highest of its recent recommendations
+(Kubernetes' stabilization window) would keep every noisy peak.
+
 Answer lengths are averaged over finished requests with the short time constant.
 
 Time comes in with every call (no clock read here); the caller owns the one instance.
@@ -27,6 +39,13 @@ __all__ = ["Demand", "class_name"]
 
 # The long average's time constant, in short ones.
 _LONG = 4.0
+# How far (in standard deviations of the fast average, were the rate steady) the fast average
+# must stand above the rate read from the other two for a surge. Rare by chance: a steady
+# Poisson rate puts it there about once in 30,000 independent reads.
+SURGE_Z = 4.0
+# ... and once in a surge, how close (the same units) it must come back before the other two are
+# read again: a step read by them alone lags for a few of their time constants.
+SURGE_END_Z = 1.0
 
 
 def class_name(slo: Slo) -> str:
@@ -39,6 +58,8 @@ class _Class:
     slo: Slo
     short: float = 0.0  # requests/s, time constant tau
     long: float = 0.0  # requests/s, time constant _LONG x tau
+    fast: float = 0.0  # requests/s, time constant surge_tau
+    surge: bool = False  # read as a surge when last read
     at: float = 0.0  # when the two rates were last brought up to date
     tokens: float = 0.0  # mean output tokens of finished requests
     tokens_weight: float = 0.0  # 0: none finished yet
@@ -48,10 +69,10 @@ class _Class:
 class Demand:
     """Per SLO class, the arrival rate and its trend, and the mean answer length."""
 
-    def __init__(self, tau_s: float, default_output_tokens: float) -> None:
-        if tau_s <= 0:
-            raise ValueError("tau_s must be positive")
-        self.tau_s = tau_s
+    def __init__(self, tau_s: float, default_output_tokens: float, surge_tau_s: float) -> None:
+        if not 0 < surge_tau_s < tau_s:
+            raise ValueError("surge_tau_s must be positive and shorter than tau_s")
+        self.tau_s, self.surge_tau_s = tau_s, surge_tau_s
         # Assumed for a class until one of its requests has finished.
         self.default_output_tokens = default_output_tokens
         self._classes: dict[Slo, _Class] = {}
@@ -67,6 +88,7 @@ class Demand:
         if dt > 0:
             c.short *= math.exp(-dt / self.tau_s)
             c.long *= math.exp(-dt / (_LONG * self.tau_s))
+            c.fast *= math.exp(-dt / self.surge_tau_s)
             c.at = now
 
     def arrived(self, slo: Slo, now: float) -> None:
@@ -77,6 +99,7 @@ class Demand:
         # keeps it at 1 request/s.
         c.short += 1.0 / self.tau_s
         c.long += 1.0 / (_LONG * self.tau_s)
+        c.fast += 1.0 / self.surge_tau_s
 
     def finished(self, slo: Slo, output_tokens: int, now: float) -> None:
         """A request of class `slo` ended at `now` with `output_tokens` generated."""
@@ -94,6 +117,16 @@ class Demand:
             self._decay(c, now)
             trend = (c.short - c.long) / ((_LONG - 1.0) * self.tau_s)
             rate = c.short + max(0.0, trend) * self.tau_s
+            # (A rate near 0 is floored at one arrival per surge time constant: a class that
+            # starts from nothing is a surge only once a few of its requests have come.)
+            fast = self.surge_tau_s
+            z = (c.fast - rate) / math.sqrt(max(rate, 1.0 / fast) / (2.0 * fast))
+            c.surge = surge = z > (SURGE_END_Z if c.surge else SURGE_Z)
+            if surge:
+                # The rise as the fast and the short average see it: on a linear one they lag
+                # by the slope x their time constants.
+                trend = max(trend, (c.fast - c.short) / (self.tau_s - fast))
+                rate = c.fast + trend * fast
             tokens = c.tokens if c.tokens_weight else self.default_output_tokens
-            out.append(ClassDemand(class_name(c.slo), c.slo, rate, tokens, trend))
+            out.append(ClassDemand(class_name(c.slo), c.slo, rate, tokens, trend, surge))
         return out

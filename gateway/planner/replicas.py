@@ -45,13 +45,15 @@ _Candidate = tuple[tuple[float, int, tuple[int, ...]], list[float], int]
 @dataclass(frozen=True, slots=True)
 class ClassDemand:
     """One SLO class's demand lately: requests per second, their trend (requests/s per second)
-    and their mean answer length in tokens."""
+    and their mean answer length in tokens; `surge`: read from a rise beyond the noise
+    (gateway.planner.demand)."""
 
     name: str
     slo: Slo
     rate: float
     output_tokens: float
     trend: float = 0.0
+    surge: bool = False
 
 
 @dataclass(frozen=True, slots=True)

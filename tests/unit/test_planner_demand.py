@@ -1,25 +1,33 @@
 """The demand meter (gateway.planner.demand) on a virtual clock: arrivals at known rates, steady,
-rising and stopped, give the rate, the trend and the answer length they were made with."""
+rising and stopped, give the rate, the trend and the answer length they were made with; a surge
+is read within seconds, and steady Poisson arrivals never read as one."""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Callable
 
 import pytest
 
 from gateway.planner.demand import Demand, class_name
+from gateway.planner.replicas import ClassDemand
 from gateway.routing.types import Slo
 
 TAU = 10.0
+SURGE = TAU / 6
 CHAT = Slo(ttft_s=1.0, tpot_s=0.025)
 TIGHT = Slo(ttft_s=0.5, tpot_s=0.008)
 
 
-def arrivals(meter: Demand, slo: Slo, rate_at: object, start: float, end: float) -> float:
+def arrivals(
+    meter: Demand, slo: Slo, rate_at: Callable[[float], float], start: float, end: float
+) -> float:
     """Arrivals from `start` to `end` at the rate `rate_at(t)` (requests/s), evenly spaced by
     their integral; returns the end."""
     t, due = start, 0.0
     step = 0.001
     while t < end:
-        due += rate_at(t) * step  # type: ignore[operator]
+        due += rate_at(t) * step
         while due >= 1.0:
             meter.arrived(slo, t)
             due -= 1.0
@@ -38,9 +46,9 @@ def arrivals(meter: Demand, slo: Slo, rate_at: object, start: float, end: float)
     ],
 )
 def test_rate_and_trend_follow_the_arrivals(
-    case: str, rate_at: object, rate: float, trend: float
+    case: str, rate_at: Callable[[float], float], rate: float, trend: float
 ) -> None:
-    meter = Demand(TAU, default_output_tokens=128)
+    meter = Demand(TAU, 128, SURGE)
     now = arrivals(meter, CHAT, rate_at, 0.0, 200.0)
     (got,) = meter.classes(now)
     # Within 15%: at 5 arrivals per time constant the averages saw-tooth between arrivals.
@@ -51,7 +59,7 @@ def test_rate_and_trend_follow_the_arrivals(
 def test_a_drop_is_not_read_below_the_rate_left() -> None:
     """From 100 to 5 requests/s: the rate read never goes under the 5 that go on (a decline
     carried over the time constant would have read 0 within seconds)."""
-    meter = Demand(TAU, default_output_tokens=128)
+    meter = Demand(TAU, 128, SURGE)
     t = arrivals(meter, CHAT, lambda _: 100.0, 0.0, 100.0)
     while t < 200.0:
         t = arrivals(meter, CHAT, lambda _: 5.0, t, t + 2.0)
@@ -60,7 +68,7 @@ def test_a_drop_is_not_read_below_the_rate_left() -> None:
 
 
 def test_a_stopped_class_decays_to_nothing_and_classes_are_apart() -> None:
-    meter = Demand(TAU, default_output_tokens=128)
+    meter = Demand(TAU, 128, SURGE)
     arrivals(meter, CHAT, lambda t: 10.0, 0.0, 100.0)
     arrivals(meter, TIGHT, lambda t: 2.0, 0.0, 100.0)
     by_name = {c.name: c for c in meter.classes(100.0)}
@@ -72,7 +80,7 @@ def test_a_stopped_class_decays_to_nothing_and_classes_are_apart() -> None:
 
 
 def test_answer_lengths_are_averaged_recently() -> None:
-    meter = Demand(TAU, default_output_tokens=128)
+    meter = Demand(TAU, 128, SURGE)
     meter.arrived(CHAT, 0.0)
     assert meter.classes(0.0)[0].output_tokens == 128  # none finished yet: the default
     for i in range(50):
@@ -87,3 +95,103 @@ def test_answer_lengths_are_averaged_recently() -> None:
 def test_names_say_both_bounds() -> None:
     assert class_name(CHAT) == "ttft<=1000ms,tpot<=25ms"
     assert class_name(TIGHT) == "ttft<=500ms,tpot<=8ms"
+
+
+def poisson_reads(meter: Demand, rate: float, end: float, seed: int) -> list[ClassDemand]:
+    """Poisson arrivals at `rate` from 0 to `end`, the meter read every 10 s as the planner
+    reads it, from 300 s on (past its warm-up)."""
+    rng, t = random.Random(seed), 0.0
+    out: list[ClassDemand] = []
+    for read_at in range(10, int(end) + 1, 10):
+        while (nxt := t + rng.expovariate(rate)) < read_at:
+            meter.arrived(CHAT, nxt)
+            t = nxt
+        t = read_at  # (memoryless: the next gap drawn afresh from here)
+        if read_at >= 300:
+            out.append(meter.classes(read_at)[0])
+    return out
+
+
+# As the gateway's defaults have them: tau 60 s, the surge average a sixth of it.
+LONG_TAU, LONG_SURGE = 60.0, 10.0
+
+
+@pytest.mark.parametrize("rate", [0.2, 2.0, 20.0, 200.0])
+def test_steady_poisson_arrivals_never_read_as_a_surge(rate: float) -> None:
+    """An hour of steady arrivals, read every 10 s as the planner does: no surge, and the rate
+    read stays near the true one."""
+    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    reads = poisson_reads(meter, rate, 3900.0, seed=int(rate * 10))
+    assert not any(r.surge for r in reads), rate
+    # The short average over 60 s of Poisson arrivals: 5 of its standard deviations, and 10%
+    # for the trend (only a rising one is carried: its noise reads high, never low).
+    bound = 1 + 5 / (2 * LONG_TAU * rate) ** 0.5 + 0.1
+    assert max(r.rate for r in reads) < rate * bound, rate
+
+
+def reads(
+    meter: Demand, rate_at: Callable[[float], float], start: float, end: float
+) -> list[tuple[float, ClassDemand]]:
+    """Arrivals at `rate_at(t)` from `start` to `end`, the meter read every 10 s as the planner
+    reads it: (when, what it read)."""
+    out: list[tuple[float, ClassDemand]] = []
+    t = start
+    while t < end:
+        t = arrivals(meter, CHAT, rate_at, t, t + 10.0)
+        out.append((t, meter.classes(t)[0]))
+    return out
+
+
+def stepped(
+    before: float, after: float, ramp_s: float, at: float = 600.0
+) -> Callable[[float], float]:
+    def rate_at(t: float) -> float:
+        if t < at:
+            return before
+        return after if ramp_s == 0 else min(after, before + (after - before) * (t - at) / ramp_s)
+
+    return rate_at
+
+
+@pytest.mark.parametrize(
+    ("case", "before", "after", "ramp_s", "within_s"),
+    [
+        # The two slow averages alone read about 21 requests/s 15 s into this one.
+        ("a step, x5", 10.0, 50.0, 0.0, 20.0),
+        ("a flash crowd, x5 within a minute", 10.0, 50.0, 60.0, 30.0),
+        ("a step, x2", 20.0, 40.0, 0.0, 10.0),
+        ("a class from nothing", 0.0, 5.0, 0.0, 20.0),
+    ],
+)
+def test_a_surge_is_read_within_seconds(
+    case: str, before: float, after: float, ramp_s: float, within_s: float
+) -> None:
+    """Within `within_s` of its start a surge reads as one, at >= 80% of the rate then (the
+    fast average lags it by its time constant), and rising."""
+    rate_at = stepped(before, after, ramp_s)
+    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    start = 0.0 if before else 600.0
+    t, got = reads(meter, rate_at, start, 600.0 + within_s)[-1]
+    assert got.surge, case
+    assert got.rate >= 0.8 * rate_at(t), case
+    assert got.trend > 0, case
+
+
+@pytest.mark.parametrize(("before", "after"), [(10.0, 50.0), (0.0, 5.0), (20.0, 40.0)])
+def test_a_surge_hands_over_to_the_slow_averages_without_a_cliff(
+    before: float, after: float
+) -> None:
+    """Once the slow averages have caught up the surge ends, and the rate read goes on from
+    where the surge left it: from 20 s after the step on, within -10%/+15% of the new rate."""
+    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    got = reads(meter, stepped(before, after, 0.0), 0.0 if before else 600.0, 1200.0)
+    after_step = [(t, d) for t, d in got if t >= 620.0]
+    assert any(d.surge for _, d in after_step)
+    assert not after_step[-1][1].surge
+    for t, d in after_step:
+        assert 0.9 * after <= d.rate <= 1.15 * after, (t, d)
+
+
+def test_the_surge_average_must_be_the_shorter() -> None:
+    with pytest.raises(ValueError, match="surge_tau_s"):
+        Demand(10.0, 128, 10.0)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.backends.registry import Registry
 from gateway.backends.state import MemoryInflightStore
-from gateway.config.settings import Settings
+from gateway.config.settings import PlannerConfig, Settings
 from gateway.observe.telemetry import Telemetry
 from gateway.planner.demand import class_name
 from gateway.routing.curves import Curve, Prediction
@@ -123,3 +123,16 @@ def test_a_class_no_tier_serves_is_published_as_unmet() -> None:
     value = telemetry.registry.get_sample_value("tiergate_demand_unmet",
                                                 {"slo_class": class_name(tight)})  # fmt: skip
     assert value == 1
+
+
+@pytest.mark.parametrize(
+    ("planner", "surge_s"),
+    [({}, 5.0), ({"tau_s": 8.0}, 2.0), ({"tau_s": 8.0, "surge_tau_s": 7.0}, 7.0)],
+)
+def test_the_surge_average_by_default_and_set(planner: dict[str, float], surge_s: float) -> None:
+    assert PlannerConfig.model_validate(planner).surge_s == surge_s
+
+
+def test_a_surge_average_no_shorter_than_tau_is_refused() -> None:
+    with pytest.raises(ValueError, match="surge_tau_s: must be shorter than tau_s"):
+        PlannerConfig.model_validate({"tau_s": 8.0, "surge_tau_s": 8.0})
