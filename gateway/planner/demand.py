@@ -60,7 +60,8 @@ class _Class:
     long: float = 0.0  # requests/s, time constant _LONG x tau
     fast: float = 0.0  # requests/s, time constant surge_tau
     surge: bool = False  # read as a surge when last read
-    at: float = 0.0  # when the two rates were last brought up to date
+    at: float = 0.0  # when the rates were last brought up to date
+    born: float = 0.0  # its first request
     tokens: float = 0.0  # mean output tokens of finished requests
     tokens_weight: float = 0.0  # 0: none finished yet
     tokens_at: float = 0.0
@@ -80,7 +81,7 @@ class Demand:
     def _class(self, slo: Slo, now: float) -> _Class:
         c = self._classes.get(slo)
         if c is None:
-            c = self._classes[slo] = _Class(slo, at=now)
+            c = self._classes[slo] = _Class(slo, at=now, born=now)
         return c
 
     def _decay(self, c: _Class, now: float) -> None:
@@ -113,20 +114,28 @@ class Demand:
         """Every class seen, with its rate and trend at `now` (a class idle for long has a rate
         near 0: it is kept, and costs nothing to plan)."""
         out = []
+        fast = self.surge_tau_s
         for c in self._classes.values():
             self._decay(c, now)
-            trend = (c.short - c.long) / ((_LONG - 1.0) * self.tau_s)
-            rate = c.short + max(0.0, trend) * self.tau_s
-            # (A rate near 0 is floored at one arrival per surge time constant: a class that
-            # starts from nothing is a surge only once a few of its requests have come.)
-            fast = self.surge_tau_s
-            z = (c.fast - rate) / math.sqrt(max(rate, 1.0 / fast) / (2.0 * fast))
+            # Nothing is known of the time before a class's first request (the gateway may
+            # just have started): each average is divided by the weight it has gathered since
+            # (1 - exp(-age / its constant)), so a class that comes at a steady rate reads
+            # that rate from its first seconds, not a climb from 0 (read as a rise, and a
+            # surge). Its first request counts as a time constant of the fast average old.
+            age = max(now - c.born, fast)
+            short = c.short / -math.expm1(-age / self.tau_s)
+            long = c.long / -math.expm1(-age / (_LONG * self.tau_s))
+            quick = c.fast / -math.expm1(-age / fast)
+            trend = (short - long) / ((_LONG - 1.0) * self.tau_s)
+            rate = short + max(0.0, trend) * self.tau_s
+            # (A rate near 0 is floored at one arrival per surge time constant.)
+            z = (quick - rate) / math.sqrt(max(rate, 1.0 / fast) / (2.0 * fast))
             c.surge = surge = z > (SURGE_END_Z if c.surge else SURGE_Z)
             if surge:
                 # The rise as the fast and the short average see it: on a linear one they lag
                 # by the slope x their time constants.
-                trend = max(trend, (c.fast - c.short) / (self.tau_s - fast))
-                rate = c.fast + trend * fast
+                trend = max(trend, (quick - short) / (self.tau_s - fast))
+                rate = quick + trend * fast
             tokens = c.tokens if c.tokens_weight else self.default_output_tokens
             out.append(ClassDemand(class_name(c.slo), c.slo, rate, tokens, trend, surge))
         return out

@@ -160,7 +160,6 @@ def stepped(
         ("a step, x5", 10.0, 50.0, 0.0, 20.0),
         ("a flash crowd, x5 within a minute", 10.0, 50.0, 60.0, 30.0),
         ("a step, x2", 20.0, 40.0, 0.0, 10.0),
-        ("a class from nothing", 0.0, 5.0, 0.0, 20.0),
     ],
 )
 def test_a_surge_is_read_within_seconds(
@@ -170,26 +169,38 @@ def test_a_surge_is_read_within_seconds(
     fast average lags it by its time constant), and rising."""
     rate_at = stepped(before, after, ramp_s)
     meter = Demand(LONG_TAU, 128, LONG_SURGE)
-    start = 0.0 if before else 600.0
-    t, got = reads(meter, rate_at, start, 600.0 + within_s)[-1]
+    t, got = reads(meter, rate_at, 0.0, 600.0 + within_s)[-1]
     assert got.surge, case
     assert got.rate >= 0.8 * rate_at(t), case
     assert got.trend > 0, case
 
 
-@pytest.mark.parametrize(("before", "after"), [(10.0, 50.0), (0.0, 5.0), (20.0, 40.0)])
+@pytest.mark.parametrize(("before", "after"), [(10.0, 50.0), (20.0, 40.0), (2.0, 10.0)])
 def test_a_surge_hands_over_to_the_slow_averages_without_a_cliff(
     before: float, after: float
 ) -> None:
     """Once the slow averages have caught up the surge ends, and the rate read goes on from
     where the surge left it: from 20 s after the step on, within -10%/+15% of the new rate."""
     meter = Demand(LONG_TAU, 128, LONG_SURGE)
-    got = reads(meter, stepped(before, after, 0.0), 0.0 if before else 600.0, 1200.0)
+    got = reads(meter, stepped(before, after, 0.0), 0.0, 1200.0)
     after_step = [(t, d) for t, d in got if t >= 620.0]
     assert any(d.surge for _, d in after_step)
     assert not after_step[-1][1].surge
     for t, d in after_step:
         assert 0.9 * after <= d.rate <= 1.15 * after, (t, d)
+
+
+@pytest.mark.parametrize("rate", [0.5, 5.0, 50.0])
+def test_a_class_that_comes_at_a_steady_rate_reads_it_from_its_first_seconds(rate: float) -> None:
+    """As after the gateway's start: nothing is known of the time before the first request, so
+    the class is not read as climbing from 0 (a rise, carried over the start-up time) nor as a
+    surge."""
+    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    for t, got in reads(meter, lambda _: rate, 1000.0, 1300.0):
+        assert not got.surge, t
+        if t >= 1020.0:
+            assert got.rate == pytest.approx(rate, rel=0.2), t
+            assert abs(got.trend) * 120.0 < 0.2 * rate, t  # carried over a 120-s start-up
 
 
 def test_the_surge_average_must_be_the_shorter() -> None:
