@@ -35,6 +35,14 @@ def command(
             "40-minute flash and shift traces).",
         ),
     ] = 1.0,
+    headroom: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="The planner's spare capacity over its forecast (planner.headroom; default: "
+            "the setting's default).",
+        ),
+    ] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes (0: one per CPU).")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for autoscale.md/.json/.png.")] = None,
 ) -> None:
@@ -52,5 +60,5 @@ def command(
         if deployment else study.Options().deployments,
         traces=pick(trace, tuple(TRACES), "trace"),
         arms=pick(arm, tuple(ARMS), "arm"),
-        seeds=seeds, time_scale=time_scale, jobs=jobs, out=out,
+        seeds=seeds, time_scale=time_scale, headroom=headroom, jobs=jobs, out=out,
     ))  # fmt: skip

@@ -85,6 +85,7 @@ class Options:
     seeds: int = 3
     # Scales every trace's length (the diurnal day is 2 h of virtual time at 1).
     time_scale: float = 1.0
+    headroom: float | None = None  # the planner's (None: PlannerConfig's default)
     jobs: int = 0
     out: Path | None = None
 
@@ -100,6 +101,8 @@ class Options:
             args.append(f"--seeds {self.seeds}")
         if self.time_scale != default.time_scale:
             args.append(f"--time-scale {self.time_scale:g}")
+        if self.headroom is not None:
+            args.append(f"--headroom {self.headroom:g}")
         if self.out is not None:
             args.append(f"--out {self.out if not self.out.is_absolute() else 'DIR'}")
         return " ".join(args)
@@ -183,6 +186,9 @@ def _work(task: Task) -> tuple[Task, Summary]:
 
 def tasks(opts: Options, ceilings: dict[str, float]) -> list[Task]:
     out = []
+    # As docs/autoscaling.md says to set it: the longest start-up of a replica.
+    given = {} if opts.headroom is None else {"headroom": opts.headroom}
+    planner = PlannerConfig.model_validate({"startup_s": STARTUP_S[1], **given})
     for dep in opts.deployments:
         d = DEPLOYMENTS[dep]
         shifted = load_profile(d.shifted).speculative
@@ -194,9 +200,7 @@ def tasks(opts: Options, ceilings: dict[str, float]) -> list[Task]:
                     spec = Spec(d.latency, d.throughput, d.classes, tr, ceilings[dep], arm,
                                 seed=seed,
                                 shifted_acceptance=None if shifted is None else shifted.acceptance,
-                                # As docs/autoscaling.md says to set it: the longest
-                                # start-up of a replica.
-                                planner=PlannerConfig(startup_s=STARTUP_S[1]))  # fmt: skip
+                                planner=planner)  # fmt: skip
                     out.append(Task(dep, trace, arm, seed, spec))
     return out
 

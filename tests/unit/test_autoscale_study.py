@@ -11,7 +11,7 @@ import pytest
 
 from loadtests.autoscale import study
 from loadtests.autoscale.arms import ARMS, TutorialHpa
-from loadtests.autoscale.cosim import Elastic, Scaler, Spec, simulate
+from loadtests.autoscale.cosim import STARTUP_S, Elastic, Scaler, Spec, simulate
 from loadtests.autoscale.traces import TRACES
 
 DEP = study.DEPLOYMENTS["tutorial"]
@@ -82,3 +82,16 @@ def test_the_study_writes_its_report(tmp_path: Path) -> None:
     assert (tmp_path / "autoscale.json").exists()
     assert (tmp_path / "autoscale.md").exists()
     assert "tutorial/flash" in (tmp_path / "autoscale.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("headroom", "planned", "flag"), [(None, 0.2, ""), (1.0, 1.0, " --headroom 1")]
+)
+def test_the_planners_headroom_is_the_settings_unless_given(
+    headroom: float | None, planned: float, flag: str
+) -> None:
+    opts = study.Options(traces=("flash",), arms=("planner",), seeds=1, headroom=headroom)
+    (task,) = study.tasks(opts, {"tutorial": 10.0})
+    assert task.spec.planner.headroom == planned
+    assert task.spec.planner.startup_s == STARTUP_S[1]
+    assert opts.command().endswith(f"--arm planner --seeds 1{flag}")
