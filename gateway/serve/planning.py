@@ -48,6 +48,7 @@ class Planning:
         self.tiers = sorted(tiers, key=lambda t: t.role != "latency")
         self.demand = Demand(cfg.tau_s, cfg.default_output_tokens, cfg.surge_s)
         self.last: Plan | None = None
+        self._surging: set[str] = set()  # the classes read as surging at the last plan
         self.current: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -85,8 +86,14 @@ class Planning:
 
     def step(self) -> Plan:
         """Plan now, publish the plan, and keep it for /state."""
-        made = plan(self.supplies(), self.demand.classes(self.clock()), self.cfg.params)
+        classes = self.demand.classes(self.clock())
+        made = plan(self.supplies(), classes, self.cfg.params)
         self.last = made
+        for c in classes:  # a surge's start is worth a line: the replicas asked for follow it
+            if c.surge and c.name not in self._surging:
+                log.info("demand surge in class %s: %.1f requests/s, rising %.2f/s; planned for "
+                         "%.1f", c.name, c.rate, c.trend, made.demand.get(c.name, 0.0))  # fmt: skip
+        self._surging = {c.name for c in classes if c.surge}
         t = self.telemetry
         for tier in made.tiers:
             t.desired_replicas.labels(tier.name).set(tier.desired)

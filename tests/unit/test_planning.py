@@ -136,3 +136,18 @@ def test_the_surge_average_by_default_and_set(planner: dict[str, float], surge_s
 def test_a_surge_average_no_shorter_than_tau_is_refused() -> None:
     with pytest.raises(ValueError, match="surge_tau_s: must be shorter than tau_s"):
         PlannerConfig.model_validate({"tau_s": 8.0, "surge_tau_s": 8.0})
+
+
+def test_a_surge_is_logged_once_at_its_start(caplog: pytest.LogCaptureFixture) -> None:
+    planning, registry, _, clock = build()
+    registry.curves = {LAT: RISING, POOL_A: RISING, POOL_B: RISING}
+    feed(planning, clock, 2.0, 30.0)
+    with caplog.at_level("INFO", logger="gateway.serve.planning"):
+        planning.step()
+        assert not caplog.records
+        feed(planning, clock, 40.0, 1.0)
+        planning.step()
+        feed(planning, clock, 40.0, 0.5)
+        planning.step()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"demand surge in class {class_name(SLO)}: ")
