@@ -434,7 +434,9 @@ class PlannerConfig(_Model):
     as `tiergate_tier_desired_replicas` and in /state for an autoscaler to follow."""
 
     enabled: bool = True
-    interval_s: float = Field(default=10.0, gt=0, le=3600)
+    # Plans are cheap (about a millisecond); an autoscaler reads the latest, so a plan's age
+    # adds to the time a surge takes to be answered.
+    interval_s: float = Field(default=2.0, gt=0, le=3600)
     # The time constant of the demand's short average (its long one: 4x): shorter follows a
     # change sooner, longer is steadier.
     tau_s: float = Field(default=60.0, gt=0, le=86_400)
@@ -444,6 +446,10 @@ class PlannerConfig(_Model):
     surge_tau_s: float | None = Field(default=None, gt=0, le=86_400)
     # Spare capacity over the forecast, for its error.
     headroom: float = Field(default=_PLAN.headroom, ge=0, le=10)
+    # A surging class's forecast times this: replicas asked for at once start over a spread of
+    # times, and asking for twice the need has the need served about halfway through the
+    # start-up instead of at its end (1: no more than the forecast).
+    surge_factor: float = Field(default=_PLAN.surge_factor, ge=1, le=10)
     # How long a new replica takes to serve: a rising demand is carried over it.
     startup_s: float = Field(default=_PLAN.startup_s, ge=0, le=86_400)
     # The share of a class's streams planned to meet its TPOT SLO.
@@ -464,7 +470,7 @@ class PlannerConfig(_Model):
 
     @property
     def params(self) -> PlanParams:
-        return PlanParams(self.headroom, self.startup_s, self.attainment)
+        return PlanParams(self.headroom, self.startup_s, self.attainment, self.surge_factor)
 
 
 class SloConfig(_Model):

@@ -12,15 +12,18 @@ stands: a drop read as a steep decline would be carried below zero within a time
 and a plan that undershoots misses SLOs where one that overshoots costs a replica a while.
 
 A surge outruns both: a flash crowd of five times the rate within a minute has risen most of the
-way before an average of a minute's constant has moved, and a replica asked for late serves late.
-A third average, of a much shorter constant (`surge_tau_s`), watches for it: once it stands more
-than `SURGE_Z` standard deviations above the rate read from the other two (the deviation of such
-an average over a steady Poisson process of that rate: sqrt(rate / (2 x surge_tau_s))), the rise
-is no noise, and its rate and the slope between it and the short average are read instead, until
-the other two have come within `SURGE_END_Z` deviations of it (a step read by them alone lags
-for a few of their time constants). Read from the fast average always, the rate would be noisy,
-and an autoscaler that scales down only after the highest of its recent recommendations
-(Kubernetes' stabilization window) would keep every noisy peak.
+way before an average of a minute's constant has moved, and a replica asked for late serves late. A
+third average, of a much shorter constant (`surge_tau_s`), watches for it: once it stands more than
+`SURGE_Z` standard deviations above the rate read from the other two (the deviation of such an
+average over a steady Poisson process of that rate: sqrt(rate / (2 x surge_tau_s))), the rise is no
+noise, and its rate and the slope between it and the short average are read instead, until the
+other two have come within `SURGE_END_Z` deviations of it (a step read by them alone lags for a few
+of their time constants). The slope of a rise seconds old is read against a fourth average of 4x
+the fast one's constant: the short average has barely moved then, and its gap to the fast one gives
+a small part of the slope (a sixth, 16 s into a rise of x5 within a minute, with the defaults,
+where the fourth gives two fifths). Read from the fast average always, the rate would be noisy, and
+an autoscaler that scales down only after the highest of its recent recommendations (Kubernetes'
+stabilization window) would keep every noisy peak.
 
 Answer lengths are averaged over finished requests with the short time constant.
 
@@ -59,6 +62,7 @@ class _Class:
     short: float = 0.0  # requests/s, time constant tau
     long: float = 0.0  # requests/s, time constant _LONG x tau
     fast: float = 0.0  # requests/s, time constant surge_tau
+    mid: float = 0.0  # requests/s, time constant _LONG x surge_tau
     surge: bool = False  # read as a surge when last read
     at: float = 0.0  # when the rates were last brought up to date
     born: float = 0.0  # its first request
@@ -90,6 +94,7 @@ class Demand:
             c.short *= math.exp(-dt / self.tau_s)
             c.long *= math.exp(-dt / (_LONG * self.tau_s))
             c.fast *= math.exp(-dt / self.surge_tau_s)
+            c.mid *= math.exp(-dt / (_LONG * self.surge_tau_s))
             c.at = now
 
     def arrived(self, slo: Slo, now: float) -> None:
@@ -101,6 +106,7 @@ class Demand:
         c.short += 1.0 / self.tau_s
         c.long += 1.0 / (_LONG * self.tau_s)
         c.fast += 1.0 / self.surge_tau_s
+        c.mid += 1.0 / (_LONG * self.surge_tau_s)
 
     def finished(self, slo: Slo, output_tokens: int, now: float) -> None:
         """A request of class `slo` ended at `now` with `output_tokens` generated."""
@@ -126,15 +132,18 @@ class Demand:
             short = c.short / -math.expm1(-age / self.tau_s)
             long = c.long / -math.expm1(-age / (_LONG * self.tau_s))
             quick = c.fast / -math.expm1(-age / fast)
+            mid = c.mid / -math.expm1(-age / (_LONG * fast))
             trend = (short - long) / ((_LONG - 1.0) * self.tau_s)
             rate = short + max(0.0, trend) * self.tau_s
             # (A rate near 0 is floored at one arrival per surge time constant.)
             z = (quick - rate) / math.sqrt(max(rate, 1.0 / fast) / (2.0 * fast))
             c.surge = surge = z > (SURGE_END_Z if c.surge else SURGE_Z)
             if surge:
-                # The rise as the fast and the short average see it: on a linear one they lag
-                # by the slope x their time constants.
-                trend = max(trend, (quick - short) / (self.tau_s - fast))
+                # The rise as the fast average sees it against the short and the mid one: on a
+                # linear rise each lags by the slope x its time constant, once the rise is a
+                # few of them old (the mid one's first).
+                trend = max(trend, (quick - short) / (self.tau_s - fast),
+                            (quick - mid) / ((_LONG - 1.0) * fast))
                 rate = quick + trend * fast
             tokens = c.tokens if c.tokens_weight else self.default_output_tokens
             out.append(ClassDemand(class_name(c.slo), c.slo, rate, tokens, trend, surge))

@@ -12,8 +12,8 @@ it scales (loadtests.autoscale.hpa), fed the metric its manifest names.
   latency tier stays as deployed.
 - `planner`: deploy/k8s/planner/hpa.yaml. Both tiers on `tiergate_tier_planned_load_replicas`
   (an External metric, AverageValue 1: the HPA asks for the planned load, rounded up);
-  scale-up as Kubernetes' default (the more of 100% and 4 pods per 15 s), scale-down after
-  Kubernetes' default 300 s, 1 pod per minute.
+  scale-up at once up to 11x per 15 s (the manifest's policy), scale-down after Kubernetes'
+  default 300 s, 1 pod per minute.
 
 Each reads what its metric would read at the sync (the metric pipeline's delay is left out for
 all alike); pods that do not serve yet report nothing and are left out of a per-pod average.
@@ -33,8 +33,8 @@ __all__ = ["ARMS", "Planner", "QueueHpa", "TutorialHpa"]
 # deploy/k8s/hpa.yaml's behaviour.
 TUTORIAL_UP: Final = Rules(0.0, (Policy("Pods", 2, 60.0),))
 TUTORIAL_DOWN: Final = Rules(90.0, (Policy("Pods", 1, 60.0),))
-# deploy/k8s/planner/hpa.yaml's: Kubernetes' default scale-up and scale-down window.
-PLANNER_UP: Final = Rules(0.0, (Policy("Percent", 100, 15.0), Policy("Pods", 4, 15.0)))
+# deploy/k8s/planner/hpa.yaml's (and keda.yaml's).
+PLANNER_UP: Final = Rules(0.0, (Policy("Percent", 1000, 15.0),))
 PLANNER_DOWN: Final = Rules(300.0, (Policy("Pods", 1, 60.0),))
 CEILING_SHARE: Final = 0.7  # the tutorial: scale out at 70% of the measured ceiling
 SLA_SHARE: Final = 0.6  # ... and at 60% of the SLA

@@ -15,6 +15,8 @@ import yaml
 
 from gateway.config.settings import Settings
 from gateway.observe.telemetry import Telemetry
+from loadtests.autoscale import arms
+from loadtests.autoscale.hpa import DEFAULT_DOWN, DEFAULT_UP, Policy, Rules
 from tests.unit.deployfiles import yaml_documents
 from tests.unit.test_k8s_manifests import (
     ADAPTER_VALUES,
@@ -118,3 +120,31 @@ def test_planner_manifests_are_not_in_the_default_kustomization() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert not [r for r in kustomization["resources"] if r.startswith("planner")]
     assert "hpa.yaml" in kustomization["resources"]
+
+
+def _rules(given: dict[str, Any] | None, default: Rules) -> Rules:
+    """One direction of an HPA's `behavior` as Kubernetes reads it: what is left out defaults."""
+    if given is None:
+        return default
+    policies = tuple(Policy(p["type"], p["value"], float(p["periodSeconds"]))
+                     for p in given.get("policies", ())) or default.policies  # fmt: skip
+    window = float(given.get("stabilizationWindowSeconds", default.stabilization_s))
+    return Rules(window, policies, given.get("selectPolicy", "Max"))
+
+
+def _behaviour(behavior: dict[str, Any]) -> tuple[Rules, Rules]:
+    return (_rules(behavior.get("scaleUp"), DEFAULT_UP),
+            _rules(behavior.get("scaleDown"), DEFAULT_DOWN))  # fmt: skip
+
+
+def test_bench_autoscale_scales_as_the_manifests_say() -> None:
+    """`tiergate bench autoscale` runs each arm with its manifest's behaviour: the tutorial's HPA
+    (deploy/k8s/hpa.yaml) and the planner's, HPA and KEDA alike."""
+    (tutorial,) = [o for o in yaml_documents(K8S / "hpa.yaml")
+                   if o["kind"] == "HorizontalPodAutoscaler"]  # fmt: skip
+    assert _behaviour(tutorial["spec"]["behavior"]) == (arms.TUTORIAL_UP, arms.TUTORIAL_DOWN)
+    planner = [_behaviour(o["spec"]["behavior"]) for o in planner_objects("hpa.yaml")]
+    planner += [_behaviour(o["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"])
+                for o in planner_objects("keda.yaml")]  # fmt: skip
+    assert len(planner) == 4
+    assert set(planner) == {(arms.PLANNER_UP, arms.PLANNER_DOWN)}

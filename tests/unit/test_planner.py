@@ -201,6 +201,28 @@ def test_the_start_up_time_and_headroom_add_replicas() -> None:
     assert spare.tiers[1].load > rising.tiers[1].load
 
 
+@pytest.mark.parametrize(
+    ("case", "surging", "factor", "demand"),
+    [
+        ("no surge: the forecast", False, 2.0, 50.0),
+        ("a surge: twice the forecast", True, 2.0, 100.0),
+        ("a surge, factor 1: the forecast", True, 1.0, 50.0),
+        ("a surge, factor 3", True, 3.0, 150.0),
+    ],
+)
+def test_a_surging_class_is_planned_at_the_surge_factor(
+    case: str, surging: bool, factor: float, demand: float
+) -> None:
+    params = PlanParams(0.0, 60.0, AT_THE_CURVE, surge_factor=factor)
+    calm = tight(10)  # beside it, not surging: planned at its forecast whatever the factor
+    got = plan(tiers(), [replace(standard(50), surge=surging), calm], params)
+    assert got.demand["standard"] == pytest.approx(demand), case
+    assert got.demand["tight"] == pytest.approx(10.0), case
+    # The pool holds what the latency replica (10/s of the tight class, 3.3/s of the
+    # standard one in the rest of its time) leaves: 30.5/s a replica.
+    assert got.tiers[1].load == pytest.approx((demand - 8 / 0.6 * 0.25) / (64 / 2.1)), case
+
+
 def test_no_tier_is_an_error() -> None:
     with pytest.raises(ValueError, match="no tier"):
         plan([], [standard(1)], EXACT)

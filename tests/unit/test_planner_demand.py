@@ -97,12 +97,16 @@ def test_names_say_both_bounds() -> None:
     assert class_name(TIGHT) == "ttft<=500ms,tpot<=8ms"
 
 
+# As the gateway's defaults have them: tau 60 s, the surge average 5 s, read every 2 s.
+LONG_TAU, LONG_SURGE, READ_S = 60.0, 5.0, 2
+
+
 def poisson_reads(meter: Demand, rate: float, end: float, seed: int) -> list[ClassDemand]:
-    """Poisson arrivals at `rate` from 0 to `end`, the meter read every 10 s as the planner
+    """Poisson arrivals at `rate` from 0 to `end`, the meter read every READ_S as the planner
     reads it, from 300 s on (past its warm-up)."""
     rng, t = random.Random(seed), 0.0
     out: list[ClassDemand] = []
-    for read_at in range(10, int(end) + 1, 10):
+    for read_at in range(READ_S, int(end) + 1, READ_S):
         while (nxt := t + rng.expovariate(rate)) < read_at:
             meter.arrived(CHAT, nxt)
             t = nxt
@@ -112,13 +116,9 @@ def poisson_reads(meter: Demand, rate: float, end: float, seed: int) -> list[Cla
     return out
 
 
-# As the gateway's defaults have them: tau 60 s, the surge average a sixth of it.
-LONG_TAU, LONG_SURGE = 60.0, 10.0
-
-
 @pytest.mark.parametrize("rate", [0.2, 2.0, 20.0, 200.0])
 def test_steady_poisson_arrivals_never_read_as_a_surge(rate: float) -> None:
-    """An hour of steady arrivals, read every 10 s as the planner does: no surge, and the rate
+    """An hour of steady arrivals, read as often as the planner does: no surge, and the rate
     read stays near the true one."""
     meter = Demand(LONG_TAU, 128, LONG_SURGE)
     reads = poisson_reads(meter, rate, 3900.0, seed=int(rate * 10))
@@ -132,12 +132,12 @@ def test_steady_poisson_arrivals_never_read_as_a_surge(rate: float) -> None:
 def reads(
     meter: Demand, rate_at: Callable[[float], float], start: float, end: float
 ) -> list[tuple[float, ClassDemand]]:
-    """Arrivals at `rate_at(t)` from `start` to `end`, the meter read every 10 s as the planner
-    reads it: (when, what it read)."""
+    """Arrivals at `rate_at(t)` from `start` to `end`, the meter read every READ_S as the
+    planner reads it: (when, what it read)."""
     out: list[tuple[float, ClassDemand]] = []
     t = start
     while t < end:
-        t = arrivals(meter, CHAT, rate_at, t, t + 10.0)
+        t = arrivals(meter, CHAT, rate_at, t, t + READ_S)
         out.append((t, meter.classes(t)[0]))
     return out
 
@@ -173,6 +173,28 @@ def test_a_surge_is_read_within_seconds(
     assert got.surge, case
     assert got.rate >= 0.8 * rate_at(t), case
     assert got.trend > 0, case
+
+
+@pytest.mark.parametrize(
+    ("case", "before", "after", "ramp_s", "into_s", "share"),
+    [
+        # Read against the short average alone: 14% of the slope 14 s in, 34% 30 s in.
+        ("x5 within a minute, 16 s in", 10.0, 50.0, 60.0, 16.0, 0.35),
+        ("x5 within a minute, 30 s in", 10.0, 50.0, 60.0, 30.0, 0.6),
+        ("x5 within two minutes, 20 s in", 100.0, 500.0, 120.0, 20.0, 0.45),
+        ("x5 within a minute, from 2 requests/s, 40 s in", 2.0, 10.0, 60.0, 40.0, 0.6),
+    ],
+)
+def test_a_rising_surge_reads_its_slope_within_seconds(
+    case: str, before: float, after: float, ramp_s: float, into_s: float, share: float
+) -> None:
+    """A ramp seconds old: the slope read (carried over a replica's start-up by the plan) is at
+    least `share` of the true one, and not above it."""
+    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    t, got = reads(meter, stepped(before, after, ramp_s), 0.0, 600.0 + into_s)[-1]
+    slope = (after - before) / ramp_s
+    assert got.surge, case
+    assert share * slope <= got.trend <= 1.05 * slope, (case, t, got.trend)
 
 
 @pytest.mark.parametrize(("before", "after"), [(10.0, 50.0), (20.0, 40.0), (2.0, 10.0)])
