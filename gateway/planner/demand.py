@@ -21,7 +21,10 @@ other two have come within `SURGE_END_Z` deviations of it (a step read by them a
 of their time constants). The slope of a rise seconds old is read against a fourth average of 4x
 the fast one's constant: the short average has barely moved then, and its gap to the fast one gives
 a small part of the slope (a sixth, 16 s into a rise of x5 within a minute, with the defaults,
-where the fourth gives two fifths). Read from the fast average always, the rate would be noisy, and
+where the fourth gives two fifths). A surge must also stand `margin` (the plan's headroom)
+above the rate read: at hundreds of requests per second the noise is a few percent of the rate,
+and a smooth rise outruns averages of a minute by more than that, which the plan's headroom
+already covers. Read from the fast average always, the rate would be noisy, and
 an autoscaler that scales down only after the highest of its recent recommendations (Kubernetes'
 stabilization window) would keep every noisy peak.
 
@@ -74,10 +77,17 @@ class _Class:
 class Demand:
     """Per SLO class, the arrival rate and its trend, and the mean answer length."""
 
-    def __init__(self, tau_s: float, default_output_tokens: float, surge_tau_s: float) -> None:
+    def __init__(
+        self, tau_s: float, default_output_tokens: float, surge_tau_s: float, margin: float = 0.0
+    ) -> None:
         if not 0 < surge_tau_s < tau_s:
             raise ValueError("surge_tau_s must be positive and shorter than tau_s")
         self.tau_s, self.surge_tau_s = tau_s, surge_tau_s
+        # A surge must also stand this share above the rate read: a rise the plan's headroom
+        # covers is no surge. At hundreds of requests per second the noise is a few percent
+        # of the rate, and a day's rise, compressed into an hour, outruns averages of a minute
+        # by more than that without being anything the steady plan does not meet.
+        self.margin = margin
         # Assumed for a class until one of its requests has finished.
         self.default_output_tokens = default_output_tokens
         self._classes: dict[Slo, _Class] = {}
@@ -137,7 +147,11 @@ class Demand:
             rate = short + max(0.0, trend) * self.tau_s
             # (A rate near 0 is floored at one arrival per surge time constant.)
             z = (quick - rate) / math.sqrt(max(rate, 1.0 / fast) / (2.0 * fast))
-            c.surge = surge = z > (SURGE_END_Z if c.surge else SURGE_Z)
+            if c.surge:
+                c.surge = z > SURGE_END_Z
+            else:
+                c.surge = z > SURGE_Z and quick > rate * (1.0 + self.margin)
+            surge = c.surge
             if surge:
                 # The rise as the fast average sees it against the short and the mid one: on a
                 # linear rise each lags by the slope x its time constant, once the rise is a

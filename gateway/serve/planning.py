@@ -46,7 +46,7 @@ class Planning:
         # Latency tiers first: the plan fills the earlier tiers with the classes they serve best
         # and gives the rest to the last (gateway.planner.replicas), a pool.
         self.tiers = sorted(tiers, key=lambda t: t.role != "latency")
-        self.demand = Demand(cfg.tau_s, cfg.default_output_tokens, cfg.surge_s)
+        self.demand = Demand(cfg.tau_s, cfg.default_output_tokens, cfg.surge_s, cfg.headroom)
         self.last: Plan | None = None
         self._surging: set[str] = set()  # the classes read as surging at the last plan
         self.current: dict[str, int] = {}

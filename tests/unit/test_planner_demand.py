@@ -4,6 +4,7 @@ is read within seconds, and steady Poisson arrivals never read as one."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -97,8 +98,9 @@ def test_names_say_both_bounds() -> None:
     assert class_name(TIGHT) == "ttft<=500ms,tpot<=8ms"
 
 
-# As the gateway's defaults have them: tau 60 s, the surge average 5 s, read every 2 s.
-LONG_TAU, LONG_SURGE, READ_S = 60.0, 5.0, 2
+# As the gateway's defaults have them: tau 60 s, the surge average 5 s, read every 2 s, a
+# surge's margin the plan's headroom.
+LONG_TAU, LONG_SURGE, READ_S, MARGIN = 60.0, 5.0, 2, 0.2
 
 
 def poisson_reads(meter: Demand, rate: float, end: float, seed: int) -> list[ClassDemand]:
@@ -120,13 +122,42 @@ def poisson_reads(meter: Demand, rate: float, end: float, seed: int) -> list[Cla
 def test_steady_poisson_arrivals_never_read_as_a_surge(rate: float) -> None:
     """An hour of steady arrivals, read as often as the planner does: no surge, and the rate
     read stays near the true one."""
-    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    meter = Demand(LONG_TAU, 128, LONG_SURGE, MARGIN)
     reads = poisson_reads(meter, rate, 3900.0, seed=int(rate * 10))
     assert not any(r.surge for r in reads), rate
     # The short average over 60 s of Poisson arrivals: 5 of its standard deviations, and 10%
     # for the trend (only a rising one is carried: its noise reads high, never low).
     bound = 1 + 5 / (2 * LONG_TAU * rate) ** 0.5 + 0.1
     assert max(r.rate for r in reads) < rate * bound, rate
+
+
+@pytest.mark.parametrize(
+    ("base", "period_s"),
+    [
+        # bench autoscale's day compressed into 30 min on H200-like engines: 105 -> 525 -> 105
+        (105.0, 1800.0),
+        (20.0, 1800.0),
+    ],
+)
+def test_a_fast_day_at_high_rates_is_no_surge(base: float, period_s: float) -> None:
+    """A day's cycle (x5 and back) compressed into half an hour or two: at hundreds of requests
+    per second the slow averages' lag on its curve is many deviations of the noise, but within
+    the plan's headroom; it is no surge (without the margin it reads as one most of the rise)."""
+    rng, t = random.Random(int(base)), 0.0
+    peak = 5.0 * base
+    meter = Demand(LONG_TAU, 128, LONG_SURGE, MARGIN)
+    surges = []
+    for read_at in range(READ_S, int(period_s) + 1, READ_S):
+        # Poisson arrivals at the day's rate, by thinning arrivals at its peak.
+        while (nxt := t + rng.expovariate(peak)) < read_at:
+            t = nxt
+            rate = base * (1 + 4 * (1 - math.cos(2 * math.pi * t / period_s)) / 2)
+            if rng.random() < rate / peak:
+                meter.arrived(CHAT, t)
+        t = read_at
+        if read_at >= 60 and meter.classes(read_at)[0].surge:
+            surges.append(read_at)
+    assert surges == [], surges[:10]
 
 
 def reads(
@@ -168,7 +199,7 @@ def test_a_surge_is_read_within_seconds(
     """Within `within_s` of its start a surge reads as one, at >= 80% of the rate then (the
     fast average lags it by its time constant), and rising."""
     rate_at = stepped(before, after, ramp_s)
-    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    meter = Demand(LONG_TAU, 128, LONG_SURGE, MARGIN)
     t, got = reads(meter, rate_at, 0.0, 600.0 + within_s)[-1]
     assert got.surge, case
     assert got.rate >= 0.8 * rate_at(t), case
@@ -190,7 +221,7 @@ def test_a_rising_surge_reads_its_slope_within_seconds(
 ) -> None:
     """A ramp seconds old: the slope read (carried over a replica's start-up by the plan) is at
     least `share` of the true one, and not above it."""
-    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    meter = Demand(LONG_TAU, 128, LONG_SURGE, MARGIN)
     t, got = reads(meter, stepped(before, after, ramp_s), 0.0, 600.0 + into_s)[-1]
     slope = (after - before) / ramp_s
     assert got.surge, case
@@ -203,7 +234,7 @@ def test_a_surge_hands_over_to_the_slow_averages_without_a_cliff(
 ) -> None:
     """Once the slow averages have caught up the surge ends, and the rate read goes on from
     where the surge left it: from 20 s after the step on, within -10%/+15% of the new rate."""
-    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    meter = Demand(LONG_TAU, 128, LONG_SURGE, MARGIN)
     got = reads(meter, stepped(before, after, 0.0), 0.0, 1200.0)
     after_step = [(t, d) for t, d in got if t >= 620.0]
     assert any(d.surge for _, d in after_step)
@@ -217,7 +248,7 @@ def test_a_class_that_comes_at_a_steady_rate_reads_it_from_its_first_seconds(rat
     """As after the gateway's start: nothing is known of the time before the first request, so
     the class is not read as climbing from 0 (a rise, carried over the start-up time) nor as a
     surge."""
-    meter = Demand(LONG_TAU, 128, LONG_SURGE)
+    meter = Demand(LONG_TAU, 128, LONG_SURGE, MARGIN)
     for t, got in reads(meter, lambda _: rate, 1000.0, 1300.0):
         assert not got.surge, t
         if t >= 1020.0:
