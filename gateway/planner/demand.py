@@ -147,11 +147,8 @@ class Demand:
             rate = short + max(0.0, trend) * self.tau_s
             # (A rate near 0 is floored at one arrival per surge time constant.)
             z = (quick - rate) / math.sqrt(max(rate, 1.0 / fast) / (2.0 * fast))
-            if c.surge:
-                c.surge = z > SURGE_END_Z
-            else:
-                c.surge = z > SURGE_Z and quick > rate * (1.0 + self.margin)
-            surge = c.surge
+            rising = z > SURGE_Z and quick > rate * (1.0 + self.margin)
+            c.surge = surge = z > SURGE_END_Z if c.surge else rising
             if surge:
                 # The rise as the fast average sees it against the short and the mid one: on a
                 # linear rise each lags by the slope x its time constant, once the rise is a

@@ -79,7 +79,7 @@ class PlanParams:
     startup_s: float = 60.0
     # The share of a class's streams planned to meet its TPOT SLO.
     attainment: float = 0.9
-    # A surging class's forecast times this (see `plan`).
+    # A surging class's forecast times this (gateway.planner.forecast).
     surge_factor: float = 2.0
 
 
@@ -107,13 +107,9 @@ def plan(tiers: Sequence[TierSupply], classes: Sequence[ClassDemand], params: Pl
     """The replicas each tier needs for `classes`' demand (see the module's docstring)."""
     if not tiers:
         raise ValueError("nothing to plan: no tier")
-    # In a surge the forecast is read from seconds of arrivals, and every replica it asks for
-    # is still to start: start-ups spread over up to `startup_s`, so of replicas asked for at
-    # once about half serve by halfway through it (evenly spread). Asking `surge_factor` x
-    # the forecast has the forecast's worth serving that much sooner; the rest go back once
-    # the surge is over (after the autoscaler's scale-down window).
-    demand = {c.name: forecast(c.rate, c.trend, params.startup_s, params.headroom)
-              * (params.surge_factor if c.surge else 1.0) for c in classes}  # fmt: skip
+    demand = {c.name: forecast(c.rate, c.trend, params.startup_s, params.headroom,
+                               params.surge_factor if c.surge else 1.0)
+              for c in classes}  # fmt: skip
     caps = [_capacities(t, classes, params) for t in tiers]
     served = {c.name for c in classes if any(cap[c.name] > 0 for cap in caps)}
     unmet = tuple(sorted(n for n, d in demand.items() if d > 0 and n not in served))

@@ -140,7 +140,7 @@ def test_steady_poisson_arrivals_never_read_as_a_surge(rate: float) -> None:
     ],
 )
 def test_a_fast_day_at_high_rates_is_no_surge(base: float, period_s: float) -> None:
-    """A day's cycle (x5 and back) compressed into half an hour or two: at hundreds of requests
+    """A day's cycle (x5 and back) compressed into half an hour: at hundreds of requests
     per second the slow averages' lag on its curve is many deviations of the noise, but within
     the plan's headroom; it is no surge (without the margin it reads as one most of the rise)."""
     rng, t = random.Random(int(base)), 0.0
