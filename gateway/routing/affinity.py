@@ -157,8 +157,10 @@ class Affinity:
         """Whether the latency model lets the request go home rather than to the policy's
         choice: the home is not full, and not predicted to miss the request's SLO (or to lose
         SLO-meeting output, past its knee) where the choice would meet it (or add some), or
-        where nothing is known of the choice yet, at all. True where the model knows nothing of
-        the home: the cache hit is all that is known then (saturation still moves it).
+        where nothing is known of the choice yet, at all, unless the home is past the streams it
+        has shown (the prediction there a guess, as the choice's is). True where the model knows
+        nothing of the home: the cache hit is all that is known then (saturation still moves
+        it).
 
         Only a knee within the streams the home has shown counts: past its frontier the model
         guesses one (a ridge that may lie anywhere out there; gateway.backends.latency_model),
@@ -182,9 +184,13 @@ class Affinity:
         past_knee = there.gain < -NOTHING / slo.tpot_s and not there.ahead
         at_chosen = curves.get(chosen.url)
         if at_chosen is None or not at_chosen.frontier:
-            # The choice is unknown (the policy tries it): home while it meets the SLO and is
-            # before its knee.
-            return there.p >= 0.5 and not past_knee
+            # The choice is unknown (the policy tries it, as good as the best known backend for
+            # a first stream): home while it meets the SLO and is before its knee, or while it
+            # is past the streams it has shown: a guess there stands against a guess here, and
+            # only the home holds the cache. (A burst of conversations on a fresh gateway
+            # otherwise left their homes on the prior's guess alone, before a scrape had shown
+            # the streams they had just been served at.)
+            return (there.p >= 0.5 or there.ahead) and not past_knee
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return False

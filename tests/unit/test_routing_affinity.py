@@ -69,6 +69,9 @@ ALL, NONE, HOME, ALL_4, HOME_4 = "all", "none", "home", "all/4", "home/4"
         # (641 tokens/s for 10 streams against 711 for 9).
         ("policy tries an unknown backend, home past a knee seen", L0, T0, {L0: 9}, HOME, False),
         ("policy tries an unknown backend, knee past the frontier", L0, T0, {L0: 9}, HOME_4, True),
+        # 14 streams: the home's guess past its frontier misses the SLO, as above, where the
+        # choice is known to meet it; here the choice is a guess too, and the cache is home.
+        ("policy tries an unknown backend, home's miss a guess", L0, T0, {L0: 14}, HOME_4, True),
         ("home past an observed knee, the choice gains", L0, T0, {L0: 9}, ALL, False),
         ("home past a knee beyond its frontier, the choice gains", L0, T0, {L0: 9}, ALL_4, True),
         ("home in the pool while the latency tier is faster: home", T1, L0, {}, ALL, True),
