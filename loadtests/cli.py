@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "clients": "loadtests.clients",
     "peers": "loadtests.peers",
     "affinity": "loadtests.affinity",
+    "conversations": "loadtests.conversations",
     "tenants": "loadtests.tenants",
     "triton": "loadtests.triton",
     "chaos": "loadtests.chaos",

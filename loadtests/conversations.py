@@ -1,0 +1,303 @@
+"""`tiergate bench conversations`: do multi-turn chats come back to the instance that served
+their first turn, with the gateway's defaults, one chat at a time and many at once?
+
+The deployment, fresh for every arm of every round, is `tiergate up`'s: one v4 simulator (the
+latency tier) and two v3 (the throughput pool), prefix caching on, at `--speedup` (1: real
+time, as `tiergate up` runs them), behind one gateway. Each chat: a long system prompt shared by
+every chat, then `turns` user turns, each resending the history with the answers so far
+(non-streamed `/v1/chat/completions`, as the OpenAI SDK sends them). First `solo` chats one
+after another, then `crowd` chats at once.
+
+Arms: `tiergate` (the defaults: prefix affinity on) and `no-affinity`
+(`policy.prefix_affinity: false`: the policy alone). Per arm and phase: the later turns served
+by the instance of their chat's first turn, the instances the first turns used, and the share
+of the later turns' prompt tokens the engines found cached (usage's
+`prompt_tokens_details.cached_tokens`). The goal (issue: conversations stick by default):
+>= 95% of later turns at home in both phases with the defaults, the crowd on more than one
+instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import aiohttp
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loadtests.common.options import setup_logging
+from loadtests.common.report import (
+    JsonReport,
+    OutputPaths,
+    finish_markdown,
+    print_tables,
+    revision,
+    run_header,
+    save,
+)
+from loadtests.common.stats import json_safe, median, rotation
+from loadtests.harness.stack import MODEL, start_stack
+
+__all__ = ["ARMS", "Chat", "Options", "converse", "run"]
+
+DEFAULTS, OFF = "tiergate", "no-affinity"
+ARMS = (DEFAULTS, OFF)
+PHASES = ("solo", "crowd")
+GOAL = 0.95  # of later turns at home, with the defaults
+SYSTEM = " ".join(f"rule-{i} of the assistant" for i in range(80))  # ~320 words
+
+
+@dataclass
+class Options(OutputPaths):
+    solo: int = 12
+    crowd: int = 32
+    turns: int = 3
+    max_tokens: int = 24
+    rounds: int = 3
+    speedup: float = 1.0
+    out: Path = Path("docs/results/conversations.json")
+    chart: bool = True
+    command: str = ""
+
+
+@dataclass
+class Chat:
+    backends: list[str] = field(default_factory=list)  # per turn, x-tiergate-backend
+    cached: list[int] = field(default_factory=list)  # per turn, usage's cached tokens
+    prompt: list[int] = field(default_factory=list)  # per turn, usage's prompt tokens
+
+    @property
+    def at_home(self) -> int:
+        return sum(b == self.backends[0] for b in self.backends[1:])
+
+
+async def converse(session: aiohttp.ClientSession, url: str, name: str, opts: Options) -> Chat:
+    """One chat of `opts.turns` turns, each resending the history."""
+    chat = Chat()
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    for turn in range(opts.turns):
+        messages.append({"role": "user", "content": f"{name} asks question {turn} " * 6})
+        body = {"model": MODEL, "messages": messages, "max_tokens": opts.max_tokens}
+        async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+            resp.raise_for_status()
+            reply = await resp.json()
+            chat.backends.append(resp.headers["x-tiergate-backend"])
+        usage = reply.get("usage") or {}
+        chat.prompt.append(usage.get("prompt_tokens", 0))
+        chat.cached.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+    return chat
+
+
+def measure(chats: Sequence[Chat]) -> dict[str, Any]:
+    """A phase's figures: later turns at home, instances of the first turns, cached share."""
+    later = sum(len(c.backends) - 1 for c in chats)
+    home = sum(c.at_home for c in chats)
+    prompt = sum(sum(c.prompt[1:]) for c in chats)
+    return {
+        "later_turns": later,
+        "at_home": home,
+        "share": home / later if later else float("nan"),
+        "instances": len(Counter(c.backends[0] for c in chats)),
+        "cached_share": sum(sum(c.cached[1:]) for c in chats) / prompt if prompt else float("nan"),
+    }
+
+
+async def _phases(url: str, opts: Options) -> dict[str, dict[str, Any]]:
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        solo = [await converse(session, url, f"solo-{i}", opts) for i in range(opts.solo)]
+        crowd = await asyncio.gather(*(converse(session, url, f"crowd-{i}", opts)
+                                       for i in range(opts.crowd)))  # fmt: skip
+    return {"solo": measure(solo), "crowd": measure(crowd)}
+
+
+def one(arm: str, opts: Options, workdir: Path) -> dict[str, dict[str, Any]]:
+    """Both phases on a fresh deployment."""
+    settings: dict[str, Any] = {} if arm == DEFAULTS else {"policy": {"prefix_affinity": False}}
+    stack = start_stack(workdir, speedup=opts.speedup, latency=1, throughput=2,
+                        latency_args=("--prefix-caching",),
+                        throughput_args=("--prefix-caching",), **settings)  # fmt: skip
+    try:
+        return asyncio.run(_phases(stack.gateway.url, opts))
+    finally:
+        stack.stop()
+
+
+def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any]:
+    """Per arm and phase: counts summed over rounds, the share's median and each round's."""
+    out: dict[str, Any] = {}
+    for arm, rounds in runs.items():
+        for phase in PHASES:
+            cells = [r[phase] for r in rounds]
+            out.setdefault(arm, {})[phase] = {
+                "at_home": sum(c["at_home"] for c in cells),
+                "later_turns": sum(c["later_turns"] for c in cells),
+                "share_median": median([c["share"] for c in cells]),
+                "share_rounds": [c["share"] for c in cells],
+                "worst_share": min(c["share"] for c in cells),
+                "instances_rounds": [c["instances"] for c in cells],
+                "cached_share_median": median([c["cached_share"] for c in cells]),
+            }
+    return out
+
+
+def verdicts(arms: dict[str, Any]) -> list[dict[str, str]]:
+    """The goal per phase, with the defaults: met only if every round met it."""
+    out = []
+    for phase in PHASES:
+        f = arms[DEFAULTS][phase]
+        rounds = " / ".join(f"{s:.3f}" for s in f["share_rounds"])
+        out.append({"goal": f"{phase}: >= {GOAL:.0%} of later turns at home in every round",
+                    "measured": f"{f['at_home']}/{f['later_turns']}, per round {rounds}",
+                    "result": "MET" if f["worst_share"] >= GOAL else "NOT MET"})  # fmt: skip
+    spread = arms[DEFAULTS]["crowd"]["instances_rounds"]
+    out.append({"goal": "crowd: first turns on more than one instance in every round",
+                "measured": "instances per round " + " / ".join(map(str, spread)),
+                "result": "MET" if min(spread) > 1 else "NOT MET"})  # fmt: skip
+    return out
+
+
+def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
+    """Every arm on fresh engines, rounds in rotating order; print the tables and write JSON,
+    markdown and PNG."""
+    console = console or Console()
+    command = opts.command or shlex.join(["tiergate", *sys.argv[1:]])
+    rev = revision(("gateway", "engines", "loadtests"))
+    runs: dict[str, list[dict[str, dict[str, Any]]]] = {a: [] for a in ARMS}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory(prefix="tiergate-conversations-") as tmp,
+        Progress(*columns, console=console, transient=True) as progress,
+    ):
+        task = progress.add_task("arms", total=len(ARMS) * opts.rounds)
+        for r in range(opts.rounds):
+            for arm in rotation(list(ARMS), r):
+                progress.update(task, description=f"round {r + 1}/{opts.rounds}: {arm}")
+                workdir = Path(tmp) / f"{arm}-r{r}"
+                workdir.mkdir()
+                runs[arm].append(one(arm, opts, workdir))
+                progress.advance(task)
+    arms = summarize(runs)
+    report: dict[str, Any] = json_safe({
+        **run_header(command, asdict(opts), ("command", "chart")), "revision": rev,
+        "arms": arms, "verdicts": verdicts(arms), "notes": [],
+    })  # fmt: skip
+    print_tables(tables(report), console, ("arm", "phase", "goal", "measured"))
+    save(JsonReport(report), opts, console, chart, markdown)
+    return report
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    arms = report["arms"]
+    goals = [[v["goal"], v["measured"], v["result"]] for v in report["verdicts"]]
+    head = ["arm", "phase", "later turns at home", "share (median of rounds)",
+            "cached share of later prompts", "first turns' instances", "samples"]  # fmt: skip
+    rows = [[a, p, f"{f['at_home']}/{f['later_turns']}", _share(f["share_median"]),
+             _share(f["cached_share_median"]), " / ".join(map(str, f["instances_rounds"])),
+             str(f["later_turns"])]
+            for a, by in arms.items() for p, f in by.items()]  # fmt: skip
+    ratios = [[p, f"{arms[DEFAULTS][p]['share_median'] / arms[OFF][p]['share_median']:.2f}x"
+               if arms[OFF][p]["share_median"] else "-"] for p in PHASES]  # fmt: skip
+    per_round = [[a, p, " / ".join(_share(s) for s in f["share_rounds"])]
+                 for a, by in arms.items() for p, f in by.items()]  # fmt: skip
+    return [
+        ("Goals", ["goal", "measured", "verdict"], goals),
+        ("Later turns on their first turn's instance (rounds pooled)", head, rows),
+        (f"Share at home, {DEFAULTS} / {OFF}", ["phase", "ratio"], ratios),
+        ("Each round's share at home", ["arm", "phase", "per round"], per_round),
+    ]
+
+
+def markdown(saved: JsonReport, chart_file: Path | None) -> str:
+    report = saved.data
+    s, rev = report["settings"], report["revision"]
+    changed = ", ".join(rev["modified"])
+    modified = f" with uncommitted changes to {changed}" if changed else ""
+    parts = [
+        "# Conversations: later turns on their first turn's instance",
+        "",
+        f"- Command: `{report['command']}`",
+        f"- Date: {report['date']}. Code: commit {rev['commit']}{modified}.",
+        f"- Machine: `nproc` = {report['nproc']} ({report['machine']}); the client, the "
+        "simulators and the gateway share these CPUs.",
+        "- Deployment, fresh for every arm of every round, as `tiergate up` starts it: one `v4` "
+        f"simulator (latency tier) and two `v3` (pool), `--prefix-caching --speedup "
+        f"{s['speedup']:g}`, behind one gateway.",
+        f"- Chats: a ~320-word system prompt shared by all, {s['turns']} user turns each "
+        f"resending the history, replies of up to {s['max_tokens']} tokens, non-streamed "
+        f"`/v1/chat/completions`. `solo`: {s['solo']} chats one after another; `crowd`: then "
+        f"{s['crowd']} at once. {s['rounds']} rounds, the arms' order rotating.",
+        f"- Arms: `{DEFAULTS}` (the gateway's defaults: prefix affinity on), `{OFF}` "
+        "(`policy.prefix_affinity: false`).",
+    ]
+    chart = None if chart_file is None else (chart_file, "share of later turns at home")
+    return finish_markdown(parts, report["notes"], tables(report), chart)
+
+
+def chart(saved: JsonReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = saved.data["arms"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.35
+    for i, arm in enumerate(arms):
+        xs = [j + (i - 0.5) * width for j in range(len(PHASES))]
+        ax.bar(xs, [arms[arm][p]["share_median"] for p in PHASES], width, label=arm)
+        for x, p in zip(xs, PHASES, strict=True):  # each round, as dots
+            rounds = arms[arm][p]["share_rounds"]
+            ax.plot([x] * len(rounds), rounds, "k.", ms=4)
+    ax.axhline(GOAL, color="k", ls="--", lw=1, label=f"goal {GOAL:.0%}")
+    ax.set_xticks(range(len(PHASES)), PHASES)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("later turns on the first turn's instance")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"conversations (speedup {saved.data['settings']['speedup']:g}, "
+                 f"{saved.data['date']})")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def command(
+    solo: Annotated[int, typer.Option(min=1, help="Chats one after another.")] = 12,
+    crowd: Annotated[int, typer.Option(min=2, help="Chats at once, after them.")] = 32,
+    turns: Annotated[int, typer.Option(min=2, help="User turns per chat.")] = 3,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
+    speedup: Annotated[
+        float, typer.Option(help="Run the engines N times faster (1: as `tiergate up`).")
+    ] = 1.0,
+    out: Annotated[
+        Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
+    ] = Path("docs/results/conversations.json"),
+) -> None:
+    """Multi-turn chats through `tiergate up`'s deployment: the share of later turns served by
+    the instance of their chat's first turn (where its prefix cache holds the history), one
+    chat at a time and many at once, with the gateway's defaults and with prefix affinity off.
+    Goal: >= 95% in both phases with the defaults, the crowd on more than one instance."""
+    setup_logging("warning")
+    run(Options(solo=solo, crowd=crowd, turns=turns, rounds=rounds, speedup=speedup, out=out))
