@@ -3,10 +3,10 @@ their first turn, with the gateway's defaults, one chat at a time and many at on
 
 The deployment, fresh for every arm of every round, is `tiergate up`'s: one v4 simulator (the
 latency tier) and two v3 (the throughput pool), prefix caching on, at `--speedup` (1: real
-time, as `tiergate up` runs them), behind one gateway. Each chat: a long system prompt shared by
-every chat, then `turns` user turns, each resending the history with the answers so far
-(non-streamed `/v1/chat/completions`, as the OpenAI SDK sends them). First `solo` chats one
-after another, then `crowd` chats at once.
+time, as `tiergate up` runs them), behind one gateway with its defaults. Each chat: a long
+system prompt shared by every chat, then `turns` user turns, each resending the history with the
+answers so far (non-streamed `/v1/chat/completions`, as the OpenAI SDK sends them). First
+`solo` chats one after another, then `crowd` chats at once.
 
 Arms: `tiergate` (the defaults: prefix affinity on) and `no-affinity`
 (`policy.prefix_affinity: false`: the policy alone). Per arm and phase: the later turns served
@@ -123,7 +123,10 @@ async def _phases(url: str, opts: Options) -> dict[str, dict[str, Any]]:
 
 def one(arm: str, opts: Options, workdir: Path) -> dict[str, dict[str, Any]]:
     """Both phases on a fresh deployment."""
-    settings: dict[str, Any] = {} if arm == DEFAULTS else {"policy": {"prefix_affinity": False}}
+    # The gateway's own monitor intervals (the test stacks scrape faster).
+    settings: dict[str, Any] = {"monitor": {"scrape_interval_s": 0.25, "probe_interval_s": 2.0}}
+    if arm == OFF:
+        settings["policy"] = {"prefix_affinity": False}
     stack = start_stack(workdir, speedup=opts.speedup, latency=1, throughput=2,
                         latency_args=("--prefix-caching",),
                         throughput_args=("--prefix-caching",), **settings)  # fmt: skip
@@ -240,7 +243,7 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         "simulators and the gateway share these CPUs.",
         "- Deployment, fresh for every arm of every round, as `tiergate up` starts it: one `v4` "
         f"simulator (latency tier) and two `v3` (pool), `--prefix-caching --speedup "
-        f"{s['speedup']:g}`, behind one gateway.",
+        f"{s['speedup']:g}`, behind one gateway with its defaults.",
         f"- Chats: a ~320-word system prompt shared by all, {s['turns']} user turns each "
         f"resending the history, replies of up to {s['max_tokens']} tokens, non-streamed "
         f"`/v1/chat/completions`. `solo`: {s['solo']} chats one after another; `crowd`: then "

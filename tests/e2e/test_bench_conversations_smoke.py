@@ -1,0 +1,41 @@
+"""A seconds-long run of `tiergate bench conversations` (one round, a few chats, engines ten
+times faster): the report's shape and counts, and chats one at a time back on their instance
+with the defaults, their history found in its cache. The share in a crowd is
+tests/integration/test_conversations.py's to hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from loadtests.conversations import ARMS, DEFAULTS, PHASES, Options, run
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
+    opts = Options(solo=2, crowd=4, turns=3, rounds=1, speedup=10,
+                   out=tmp_path / "conversations.json", chart=False,
+                   command="tiergate bench conversations (test)")  # fmt: skip
+    report = run(opts, Console(width=200))
+    arms = report["arms"]
+    assert set(arms) == set(ARMS)
+    for by in arms.values():
+        assert set(by) == set(PHASES)
+        assert by["solo"]["later_turns"] == 2 * 2
+        assert by["crowd"]["later_turns"] == 4 * 2
+        for f in by.values():
+            assert 0 <= f["at_home"] <= f["later_turns"]
+            assert len(f["share_rounds"]) == 1
+    # One chat at a time with the defaults: every later turn at home, most of its prompt cached
+    # there (the system prompt and the turns before it).
+    solo = arms[DEFAULTS]["solo"]
+    assert solo["at_home"] == solo["later_turns"]
+    assert solo["cached_share_median"] > 0.5
+    assert [v["result"] for v in report["verdicts"]][0] == "MET"  # the solo phase's goal
+    assert json.loads((tmp_path / "conversations.json").read_text()) == report
+    md = (tmp_path / "conversations.md").read_text()
+    assert "## Each round's share at home" in md
