@@ -108,6 +108,8 @@ def measure(chats: Sequence[Chat]) -> dict[str, Any]:
         "at_home": home,
         "share": home / later if later else float("nan"),
         "instances": len(Counter(c.backends[0] for c in chats)),
+        # First turns per instance, most first: where the chats began.
+        "first_turns": sorted(Counter(c.backends[0] for c in chats).values(), reverse=True),
         "cached_share": sum(sum(c.cached[1:]) for c in chats) / prompt if prompt else float("nan"),
     }
 
@@ -149,6 +151,7 @@ def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any
                 "share_rounds": [c["share"] for c in cells],
                 "worst_share": min(c["share"] for c in cells),
                 "instances_rounds": [c["instances"] for c in cells],
+                "first_turns_rounds": [c["first_turns"] for c in cells],
                 "cached_share_median": median([c["cached_share"] for c in cells]),
             }
     return out
@@ -212,9 +215,11 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     arms = report["arms"]
     goals = [[v["goal"], v["measured"], v["result"]] for v in report["verdicts"]]
     head = ["arm", "phase", "later turns at home", "share (median of rounds)",
-            "cached share of later prompts", "first turns' instances", "samples"]  # fmt: skip
+            "cached share of later prompts", "first turns per instance, per round",
+            "samples"]  # fmt: skip
     rows = [[a, p, f"{f['at_home']}/{f['later_turns']}", _share(f["share_median"]),
-             _share(f["cached_share_median"]), " / ".join(map(str, f["instances_rounds"])),
+             _share(f["cached_share_median"]),
+             " / ".join("+".join(map(str, r)) for r in f["first_turns_rounds"]),
              str(f["later_turns"])]
             for a, by in arms.items() for p, f in by.items()]  # fmt: skip
     ratios = [[p, f"{arms[DEFAULTS][p]['share_median'] / arms[OFF][p]['share_median']:.2f}x"
