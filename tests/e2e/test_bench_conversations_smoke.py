@@ -35,7 +35,7 @@ def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
     solo = arms[DEFAULTS]["solo"]
     assert solo["at_home"] == solo["later_turns"]
     assert solo["cached_share_median"] > 0.5
-    assert [v["result"] for v in report["verdicts"]][0] == "MET"  # the solo phase's goal
+    assert report["verdicts"][0]["result"] == "MET"  # the solo phase's goal
     assert json.loads((tmp_path / "conversations.json").read_text()) == report
     md = (tmp_path / "conversations.md").read_text()
     assert "## Each round's share at home" in md
