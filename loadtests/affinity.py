@@ -44,13 +44,14 @@ import aiohttp
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from gateway.routing import DEFAULT_POLICY, POLICY_NAMES, PolicyParams
 from loadtests.common.options import PEERS_VENV_HELP, known, setup_logging, without
 from loadtests.common.report import (
     JsonReport,
     OutputPaths,
+    bars,
     finish_markdown,
     print_tables,
     run_header,
@@ -418,11 +419,9 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
     with (
         tempfile.TemporaryDirectory(prefix="tiergate-affinity-") as tmp,
-        Progress(*columns, console=console, transient=True) as progress,
+        bars(console) as progress,
     ):
         overall = progress.add_task("arms", total=len(arms) * opts.rounds)
         for r in range(opts.rounds):

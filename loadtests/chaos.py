@@ -57,11 +57,10 @@ import typer
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from loadtests.common.options import known, setup_logging
-from loadtests.common.report import revision
+from loadtests.common.report import bars, revision
 from loadtests.common.stats import json_safe, ms_of_s, percentile
 from loadtests.harness.client import prompt_of
 from loadtests.harness.procs import GatewayProcess, SimProcess, free_port
@@ -1160,9 +1159,7 @@ def run(opts: Options, console: Console | None = None) -> list[Result]:
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     logs = opts.logs or Path(tempfile.mkdtemp(prefix="tiergate-chaos-"))
     results: list[Result] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as progress:
+    with bars(console) as progress:
         task = progress.add_task("chaos", total=len(opts.scenarios))
         for name in opts.scenarios:
             progress.update(task, description=f"chaos: {name}")

@@ -30,13 +30,13 @@ import aiohttp
 import httpx
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from engines.sim.profile import load_profile
 from gateway.core.http1 import Http1Pool
 from loadtests.common.options import setup_logging
-from loadtests.common.report import markdown_table
+from loadtests.common.report import bars, markdown_table
 from loadtests.common.stats import rotation
 from loadtests.harness.client import event_loop_runner
 from loadtests.harness.procs import SimProcess
@@ -200,12 +200,10 @@ def run(
 ) -> dict[str, ClientStat]:
     console = console or Console()
     command = command or shlex.join(["tiergate", *sys.argv[1:]])
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
     with contextlib.ExitStack() as stack:
         with console.status("starting the simulator..."):
             sim = stack.enter_context(SimProcess(profile=PROFILE))
-        progress = stack.enter_context(Progress(*columns, console=console, transient=True))
+        progress = stack.enter_context(bars(console))
         runner = stack.enter_context(event_loop_runner())
         url = sim.url + "/v1/completions"
         stats = runner.run(_measure(url, requests, concurrency, rounds, progress))

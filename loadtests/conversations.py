@@ -32,12 +32,12 @@ from typing import Annotated, Any
 import aiohttp
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadtests.common.options import setup_logging
 from loadtests.common.report import (
     JsonReport,
     OutputPaths,
+    bars,
     finish_markdown,
     print_tables,
     revision,
@@ -180,11 +180,9 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     command = opts.command or shlex.join(["tiergate", *sys.argv[1:]])
     rev = revision(("gateway", "engines", "loadtests"))
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {a: [] for a in ARMS}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
     with (
         tempfile.TemporaryDirectory(prefix="tiergate-conversations-") as tmp,
-        Progress(*columns, console=console, transient=True) as progress,
+        bars(console) as progress,
     ):
         task = progress.add_task("arms", total=len(ARMS) * opts.rounds)
         for r in range(opts.rounds):

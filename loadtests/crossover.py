@@ -38,17 +38,14 @@ import aiohttp
 import typer
 from rich.console import Console
 from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
-    TextColumn,
-    TimeElapsedColumn,
 )
 from rich.table import Table
 
 from gateway.routing import PolicyName, PolicyParams
 from loadtests.common.options import setup_logging
+from loadtests.common.report import bars
 from loadtests.common.stats import json_safe, ms, percentile
 from loadtests.harness.client import Result, closed_loop, prompt_of, stream_completion
 
@@ -454,9 +451,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
         stagger[role], note = _probe(engine, opts)
         notes += [note] if note else []
     runs: dict[str, list[LevelStats]] = {role: [] for role in ENGINES}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as progress:
+    with bars(console) as progress:
         overall = progress.add_task("levels x engines", total=2 * len(opts.levels))
         for i, c in enumerate(opts.levels):
             for position, role in enumerate(engine_order(i)):

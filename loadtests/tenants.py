@@ -40,12 +40,13 @@ import aiohttp
 import typer
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from loadtests.common.options import setup_logging
 from loadtests.common.report import (
     JsonReport,
     OutputPaths,
+    bars,
     finish_markdown,
     print_tables,
     run_header,
@@ -330,11 +331,9 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     command = opts.command or shlex.join(["tiergate", *sys.argv[1:]])
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in opts.arms}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
     with (
         tempfile.TemporaryDirectory(prefix="tiergate-tenants-") as tmp,
-        Progress(*columns, console=console, transient=True) as progress,
+        bars(console) as progress,
     ):
         overall = progress.add_task("arms", total=len(opts.arms) * opts.rounds)
         for r in range(opts.rounds):

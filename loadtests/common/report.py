@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+
+def bars(console: Console) -> Progress:
+    """A bench's progress bars: what runs, how far, how long; gone when done."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    return Progress(*columns, console=console, transient=True)
 
 
 class OutputPaths:
