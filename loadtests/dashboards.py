@@ -185,7 +185,7 @@ class LoadLog:
     statuses: Counter[str] = field(default_factory=Counter)  # "kind status" -> count
 
 
-SPRINKLES = ("bad_json", "unknown_model", "too_long", "engine_error", "capped")
+SPRINKLES = ("bad_json", "unknown_model", "too_long", "engine_error", "capped", "error_mid")
 
 
 async def _send(
@@ -341,6 +341,8 @@ async def _fault_request(session: aiohttp.ClientSession, url: str, kind: str) ->
         return await _send(session, url, {**base, "max_tokens": 100_000})
     if kind == "capped":  # a key allowed one request a minute: 429 from the second on
         return await _send(session, url, base, {"authorization": f"Bearer {CAPPED_KEY}"})
+    if kind == "error_mid":  # a stream the engine ends with an error event after its first token
+        return await _send(session, url, {**base, "stream": True}, {"x-sim-fault": "error-mid"})
     return await _send(session, url, base, {"x-sim-fault": "error"})
 
 
@@ -731,8 +733,9 @@ tiergate bench dashboards --out docs/dashboards --seconds {seconds:g} --speedup 
    (its streams continue on the other engines); v3-a starting its answers
    {sc.slow_first_token_s:g} s late from {pct[5]}% to {pct[6]}% (hedged first tokens); and,
    every {sc.sprinkle_s:g} s, one request with invalid JSON, an unknown model, an
-   over-long `max_tokens`, an engine error, or the key of a tenant allowed one request a
-   minute (every request carries a key: the demo's tenants).
+   over-long `max_tokens`, an engine error, the key of a tenant allowed one request a
+   minute (every request carries a key: the demo's tenants), or a stream the engine ends with
+   an error event after its first token (a mid-stream error).
 5. Every panel target of every dashboard is queried with `query_range` (step {step:g} s,
    `$__rate_interval` = {rate_interval}, template variables at "All") and drawn in the
    dashboard's own 24-column grid with matplotlib: titles, units, legends from `legendFormat`,

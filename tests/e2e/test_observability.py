@@ -151,6 +151,7 @@ def test_load_went_through_every_regime(observed: Observed) -> None:
     for client_error in ("bad_json 400", "unknown_model 404", "too_long 400"):
         assert st[client_error] > 0, st
     assert st["engine_error 500"] > 0, st  # failed on every attempt
+    assert st["error_mid 200"] > 0, st  # streams the engine broke with an error event
     assert [m for _, m in observed.log.marks if "killed" in m or "back" in m] == [
         "v3-b killed", "v3-b back"]  # fmt: skip
 
