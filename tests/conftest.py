@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,15 +11,14 @@ from pathlib import Path
 import pytest
 import redis
 
+from loadtests.harness.procs import free_ports
+
 NO_REDIS = "redis-server is not installed (e.g. apt-get install redis-server)"
 
 
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback TCP port that nothing holds now (loadtests.harness.procs.free_ports)."""
+    return free_ports(1)
 
 
 class RedisProcess:

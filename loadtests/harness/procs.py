@@ -5,24 +5,58 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
 
+def _ephemeral() -> tuple[int, int]:
+    """The kernel's range of ports for the local end of outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+# Below the ephemeral range: ports here are never a connection's local end.
+_LOWEST = 10_000
+
+
+def free_ports(n: int = 1, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """The first of `n` consecutive ports that nothing holds now (none in `avoid`), drawn at
+    random below the kernel's ephemeral range. Not from that range (a bind to port 0): there a
+    client that polls a server not yet listening may be given the server's port as its own end
+    and connect to itself (reading back its own request), holding the port the server then
+    cannot bind, and any outgoing connection of the machine may take a port meant for a
+    server between its choice and its bind."""
+    low, high = _ephemeral()
+    if low - n > _LOWEST + 1000:
+        span = (_LOWEST, low - n)  # below the range
+    elif high + 1000 < 65535 - n:
+        span = (high + 1, 65535 - n)  # above it
+    else:
+        span = (1024, 65535 - n)  # it covers nearly every port: anywhere
+    for _ in range(1000):
+        first = random.randrange(*span)
+        run = range(first, first + n)
+        if not any(p in run for p in avoid) and all(bindable(p, host) for p in run):
+            return first
+    raise RuntimeError(f"no {n} consecutive free ports in {span[0]}-{span[1] + n}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port that nothing holds now (`free_ports`)."""
+    return free_ports(1, host)
 
 
 def bindable(port: int, host: str = "127.0.0.1") -> bool:

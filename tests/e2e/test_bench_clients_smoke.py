@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.harness.procs import free_port, terminate, wait_http
-from tests.e2e.test_cli import MODEL, _free_pair
+from loadtests.harness.procs import free_port, free_ports, terminate, wait_http
+from tests.e2e.test_cli import MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -43,7 +43,7 @@ PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    sim_port = _free_pair(port)
+    sim_port = free_ports(3, avoid=(port,))  # `up`'s three simulators
     proc = subprocess.Popen(
         [sys.executable, "-m", "tiergate", "up", "--port", str(port), "--sim-port",
          str(sim_port), "--speedup", "20", "--logs", str(tmp_path / "logs")],

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtests.harness.procs import free_port, wait_http
+from loadtests.harness.procs import free_port, free_ports, wait_http
 
 pytestmark = pytest.mark.e2e
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
@@ -22,25 +22,12 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _free_pair(taken: int) -> int:
-    """A port that is free with the one after it (`up` puts its simulators on both)."""
-    while True:
-        p = free_port()
-        if taken not in (p, p + 1) and not _port_open(p + 1):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-            return p
-
-
 EXAMPLE_TENANTS = Path(__file__).resolve().parents[2] / "examples" / "tenants.yaml"
 
 
 def test_up_serves_then_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
-    sim_port = _free_pair(port)
+    sim_port = free_ports(2, avoid=(port,))  # `up` puts its simulators on both
     proc = subprocess.Popen(
         [sys.executable, "-m", "tiergate", "up", "--port", str(port), "--sim-port",
          str(sim_port), "--throughput", "1", "--speedup", "10", "--logs", str(tmp_path),

@@ -25,7 +25,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pytest
+
+from loadtests.harness.procs import free_ports
 
 pytestmark = [
     pytest.mark.e2e,
@@ -307,29 +308,6 @@ class Replay:
         self.image.cmd = exec_form(ins.args) or ["/bin/sh", "-c", ins.args]
 
 
-def free_block(size: int) -> int:
-    """The first port of `size` consecutive loopback ports that were free a moment ago."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first: int = probe.getsockname()[1]
-        if first + size > 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for port in range(first, first + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Replay, Image]:
     scratch = tmp_path_factory.mktemp("image")
@@ -379,7 +357,7 @@ def test_entrypoint_and_cmd_serve_and_pass_the_healthcheck(
     installed: tuple[Replay, Image],
 ) -> None:
     replay, image = installed
-    port = free_block(4)
+    port = free_ports(4)
     sim_port = port + 1
     env = {**replay.env(), "TIERGATE_PORT": str(port)}
     entry = shutil.which(image.entrypoint[0], path=env["PATH"])

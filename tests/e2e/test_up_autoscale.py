@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from loadtests.harness.procs import bindable, free_port, wait_http
+from loadtests.harness.procs import free_port, free_ports, wait_http
 
 # Bounds on time and CPU: run after the parallel tests, alone (scripts/test).
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
@@ -36,14 +36,6 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _free_run(n: int, taken: int) -> int:
-    """The first of `n` consecutive free ports (the stack's simulators, those added too)."""
-    while True:
-        p = free_port()
-        if taken not in range(p, p + n) and all(bindable(q) for q in range(p, p + n)):
-            return p
-
-
 def pool(gw: str) -> set[str]:
     state = httpx.get(gw + "/state", timeout=10).json()
     return {b["url"] for b in state["backends"] if b["tier"] == "throughput" and not b["left"]}
@@ -51,7 +43,7 @@ def pool(gw: str) -> set[str]:
 
 def test_the_pool_follows_the_planner_with_no_request_lost(tmp_path: Path) -> None:
     port = free_port()
-    sim_port = _free_run(2 + MAX, port)
+    sim_port = free_ports(2 + MAX, avoid=(port,))  # the stack's simulators, those added too
     env = {**os.environ, "TIERGATE_PLANNER__INTERVAL_S": "0.5", "TIERGATE_PLANNER__TAU_S": "2",
            "TIERGATE_PLANNER__STARTUP_S": "0"}  # fmt: skip
     proc = subprocess.Popen(
