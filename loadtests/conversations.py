@@ -64,7 +64,7 @@ class Options(OutputPaths):
     max_tokens: int = 24
     rounds: int = 3
     speedup: float = 1.0
-    out: Path = Path("docs/results/conversations.json")
+    out: Path = Path("docs/results/conversations/conversations.json")
     chart: bool = True
     command: str = ""
 
@@ -103,13 +103,14 @@ def measure(chats: Sequence[Chat]) -> dict[str, Any]:
     later = sum(len(c.backends) - 1 for c in chats)
     home = sum(c.at_home for c in chats)
     prompt = sum(sum(c.prompt[1:]) for c in chats)
+    # First turns per instance, most first: where the chats began.
+    firsts = sorted(Counter(c.backends[0] for c in chats).values(), reverse=True)
     return {
         "later_turns": later,
         "at_home": home,
         "share": home / later if later else float("nan"),
-        "instances": len(Counter(c.backends[0] for c in chats)),
-        # First turns per instance, most first: where the chats began.
-        "first_turns": sorted(Counter(c.backends[0] for c in chats).values(), reverse=True),
+        "instances": len(firsts),
+        "first_turns": firsts,
         "cached_share": sum(sum(c.cached[1:]) for c in chats) / prompt if prompt else float("nan"),
     }
 
@@ -299,7 +300,7 @@ def command(
     ] = 1.0,
     out: Annotated[
         Path, typer.Option(help="JSON results; the .md and .png are written next to it.")
-    ] = Path("docs/results/conversations.json"),
+    ] = Path("docs/results/conversations/conversations.json"),
 ) -> None:
     """Multi-turn chats through `tiergate up`'s deployment: the share of later turns served by
     the instance of their chat's first turn (where its prefix cache holds the history), one

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import openai
 import pytest
 
+from loadtests.conversations import SYSTEM
 from tests.integration.stack import MODEL, Stack, start_stack
 
 # Bounds on time and placement: run after the parallel tests, alone (scripts/test).
 pytestmark = pytest.mark.serial
 
-SYSTEM = " ".join(f"rule-{i} of the assistant" for i in range(80))  # ~320 words
 TURNS = 3
 SHARE = 0.95  # of later turns on the first turn's instance
 
