@@ -17,7 +17,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from engines.sim.profile import load_profile
-from gateway.routing import LoadSnapshot, PolicyParams, Reason, Role, Slo
+from gateway.routing import LoadSnapshot, PolicyParams, Reason, Role, Slo, build_policy
 from loadtests import decision_cost
 from loadtests.decision_cost import decision_alone, snapshot
 from loadtests.routing_sim import study
@@ -321,3 +321,28 @@ def test_the_chat_workload_reaches_the_report() -> None:
     assert report["affinity"]["share"] > 0.5  # (conversations move off a tier past its knee)
     assert "--workload chat" in report["command"]
     assert "conversations of 4 turns" in study.markdown(report)
+
+
+@pytest.mark.parametrize("scene", decision_cost.SCENES)
+def test_a_replay_makes_the_same_decisions_and_its_least_times_are_reported(scene: str) -> None:
+    snap = snapshot(16)
+    policy = build_policy("learned", PolicyParams())
+
+    def remembered() -> dict[str, set[tuple[object, ...]]]:
+        return {url: set(pred.outlooks) for url, pred in snap.curves.items()}
+
+    decision_cost.one_pass(policy, snap, scene, seed=3, per_round=230)
+    first = remembered()
+    assert any(first.values())
+    decision_cost.one_pass(policy, snap, scene, seed=3, per_round=230)
+    assert remembered() == first  # the same decisions, so the same outlooks remembered
+    cost = decision_alone(("learned",), rounds=1, per_round=60, scene=scene, replays=3)
+    assert cost["replays"] == 3
+    for cell in cost["policies"]["learned"].values():
+        least = cell["least"]
+        assert least["samples"] == cell["samples"] == 60
+        assert 0 < least["p50_us"] <= cell["p50_us"]  # each decision's least of its times
+        assert least["p99_us"] <= cell["p99_us"]
+    assert cost["steady"]["samples"] == 60
+    once = decision_alone(("learned",), rounds=1, per_round=10, scene=scene)
+    assert "least" not in once["policies"]["learned"]["3"]
