@@ -16,8 +16,9 @@ decisions computed from it until the model learns again (gateway.routing.curves.
   request's starts where the decision sent it (64 in flight throughout); every `REFIT_EVERY`
   decisions every prediction forgets what it remembered, as a refit replaces it (the learner
   refits each backend that learned something once per scrape round, 0.25 s by default: 100
-  decisions at 400 requests/s), and is told the limits of the classes in flight, as the
-  learner tells a new one (gateway.routing.learned.remember_limits, not timed: it runs in the
+  decisions at 400 requests/s), and is told the limits of the classes in flight and the
+  outlooks asked of it last, as the learner tells a new one
+  (gateway.routing.learned.remember_limits, remember_outlooks; not timed: they run in the
   learner's round, not in a decision);
 - `fixed`: one snapshot throughout, so every outlook after the first decision is remembered
   (the least a decision costs);
@@ -106,6 +107,13 @@ def _forget(snap: LoadSnapshot, limits: bool) -> None:
             pred.limits.clear()
 
 
+def _remembering(pred: Prediction) -> Prediction:
+    """A copy of `pred` that remembers the outlooks it does: the prediction a refit replaces."""
+    copy = replace(pred)
+    copy.outlooks.update(pred.outlooks)
+    return copy
+
+
 TIGHT_SHARE = 0.25  # of the requests (and so of the streams), the 12 ms class's
 
 
@@ -134,12 +142,20 @@ class Moving:
         to[tpot_s] = to.get(tpot_s, 0) + 1
         self.steps += 1
         if self.steps % self.refit_every == 0:  # as the learner hands routing new predictions
+            # (None: an older tree's, which did not do it)
+            told = getattr(learned, "remember_outlooks", None)
+            before = {} if told is None else {
+                u: _remembering(pred) for u, pred in self.snap.curves.items()
+            }  # fmt: skip
             _forget(self.snap, limits=True)
-            warm = getattr(learned, "remember_limits", None)  # (None: an older tree's)
+            warm = getattr(learned, "remember_limits", None)
             if warm is not None:
                 flying = {s for c in self.streams.values() for s, k in c.items() if k}
                 for pred in self.snap.curves.values():
                     warm(pred, flying)
+            if told is not None:
+                for u, old in before.items():
+                    told(self.snap.curves[u], old)
         loads = {}
         for u, c in self.streams.items():
             n = sum(c.values())

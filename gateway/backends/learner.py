@@ -28,7 +28,7 @@ from gateway.core.exchange import Exchange
 from gateway.observe.telemetry import Telemetry
 from gateway.routing import Role
 from gateway.routing.curves import Prediction
-from gateway.routing.learned import remember_limits
+from gateway.routing.learned import remember_limits, remember_outlooks
 from gateway.wire.metrics import EngineStats
 
 __all__ = ["SHOWN_CONCURRENCIES", "Learner", "engine_sample", "slo_limit"]
@@ -174,7 +174,7 @@ class Learner:
         if not self._dirty:
             return
         curves = dict(self.registry.curves)
-        made: list[Prediction] = []  # the new ones
+        made: list[tuple[Prediction, Prediction | None]] = []  # the new ones, each's before
         for url in self._dirty:
             self.own[url] = self.models[url].prediction()
         for urls in self.tiers.values():
@@ -192,16 +192,18 @@ class Learner:
                     pred = mate_prior(mate, self.unlike)
                 elif url != ahead:
                     pred = with_mate(pred, mate, self.unlike)
+                made.append((pred, curves.get(url)))
                 curves[url] = pred
-                made.append(pred)
                 self._gauges(self.registry.entry(url), pred)
         # The classes' limits on each new prediction, found now rather than by the first
         # decision that asks (a search per class and candidate, ~20 us each).
         classes = {s for e in self.registry for s, _ in (*e.slos, *e.recent)}
-        if len(classes) > 1:
-            for fresh in made:
-                if fresh.known:
-                    remember_limits(fresh, classes)
+        for fresh, before in made:
+            if fresh.known and len(classes) > 1:
+                remember_limits(fresh, classes)
+            # ... and the outlooks decisions asked of its predecessor lately (~2 us each).
+            if before is not None:
+                remember_outlooks(fresh, before)
         self._dirty.clear()
         self.registry.curves = MappingProxyType(curves)
 

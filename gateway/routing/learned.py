@@ -70,8 +70,9 @@ from gateway.routing.types import (
 )
 
 __all__ = [
-    "NOTHING", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "first_stream", "guard",
-    "kept_for_tighter", "met", "most_streams", "outlook", "remember_limits", "shortlist",
+    "NOTHING", "RETOLD", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "first_stream",
+    "guard", "kept_for_tighter", "met", "most_streams", "outlook", "remember_limits",
+    "remember_outlooks", "shortlist",
 ]  # fmt: skip
 
 _FLOOR = 1e-6
@@ -152,6 +153,22 @@ def _outlook(
     found = memo.get(key)
     if found is not None:
         return found
+    found = _afresh(pred, key, slo.log_tpot)
+    if len(memo) >= _OUTLOOKS:
+        memo.clear()
+    memo[key] = found
+    return found
+
+
+_Key = tuple[int, tuple[tuple[float, int], ...], float, float, bool, float, float]
+_Found = tuple[float, float, float, float, bool, int, bool]
+
+
+def _afresh(pred: Prediction, key: _Key, log_slo: float) -> _Found:
+    """The outlook on `pred` of what `key` holds (everything else an outlook depends on: the
+    streams there, their SLOs, the request's TPOT and TTFT SLOs, whether the engine's queue is
+    long, the policy's margins), `log_slo` the ln of the request's TPOT SLO."""
+    n, slos, _, ttft_slo, busy, ttft_room, full_ttft_factor = key
     rows = pred.rows
     if n + 1 < len(rows):  # the common case, read from the tables directly
         now, _, o0, z0 = rows[n]
@@ -164,13 +181,12 @@ def _outlook(
         now = _FLOOR
     if tpot < _FLOOR:
         tpot = _FLOOR
-    log_slo = slo.log_tpot
-    p = 0.5 * (1.0 + erf((log_slo + o1) * z1)) if ttft <= slo.ttft_s * params.ttft_room else 0.0
+    p = 0.5 * (1.0 + erf((log_slo + o1) * z1)) if ttft <= ttft_slo * ttft_room else 0.0
     # The streams there: this gateway's, each with its own SLO; others (another replica's)
     # are taken to share the request's. Summed as count x erf, halved and shifted once.
     now_sum = then_sum = 0.0
     known = 0
-    for s, count in load.slos:
+    for s, count in slos:
         known += count
         log_s = log2(s) * _LN2
         now_sum += count * erf((log_s + o0) * z0)
@@ -187,12 +203,27 @@ def _outlook(
     # batch limit a stream waits for a slot, which the TTFT curve (learned where streams ran)
     # does not show, and a backend whose streams all miss their SLO already loses nothing by
     # one more, so without this it would draw every request while its queue grows.
-    full = busy or ttft > params.full_ttft_factor * slo.ttft_s
-    found = tpot, ttft, p, gain, full, n, n >= pred.frontier
-    if len(memo) >= _OUTLOOKS:
-        memo.clear()
-    memo[key] = found
-    return found
+    full = busy or ttft > full_ttft_factor * ttft_slo
+    return tpot, ttft, p, gain, full, n, n >= pred.frontier
+
+
+# The most recent outlooks of a prediction that its successor is told (`remember_outlooks`).
+RETOLD = 48
+
+
+def remember_outlooks(fresh: Prediction, old: Prediction) -> None:
+    """The outlooks `old` remembered last (at most `RETOLD`), computed afresh from `fresh` and
+    remembered by it before any decision asks. Between two refits the streams on a backend
+    move by a few, so the outlooks decisions asked lately are most of those they will ask
+    next; without this the first decisions after a refit compute every candidate's (the
+    learner calls this when it hands routing new predictions, off the request path)."""
+    if not fresh.frontier:
+        return
+    keys = list(old.outlooks)[-RETOLD:]  # (a dict keeps the order they were remembered in)
+    memo = fresh.outlooks
+    for key in keys:
+        if key not in memo:  # (the ln of its TPOT SLO as a request's Slo has it, to the bit)
+            memo[key] = _afresh(fresh, key, Slo(key[3], key[2]).log_tpot)
 
 
 # The most outlooks a prediction remembers (gateway.routing.curves.Prediction.outlooks).

@@ -17,7 +17,16 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from engines.sim.profile import load_profile
-from gateway.routing import LoadSnapshot, PolicyParams, Reason, Role, Slo, build_policy
+from gateway.routing import (
+    BackendLoad,
+    LoadSnapshot,
+    PolicyParams,
+    Reason,
+    Role,
+    Slo,
+    build_policy,
+    learned,
+)
 from loadtests import decision_cost
 from loadtests.decision_cost import decision_alone, snapshot
 from loadtests.routing_sim import study
@@ -244,7 +253,14 @@ def test_the_moving_scene_keeps_its_streams_and_moves_them_where_decisions_send_
     snap = snapshot(16)
     moving = decision_cost.Moving(snap, seed=1, refit_every=3)
     pred = snap.curves["http://backend-5:8000"]
-    pred.outlooks[(0,)] = (0.0, 0.0, 0.0, 0.0, False, 0, False)
+    (watched,) = (b for b in snap.backends if b.url == "http://backend-5:8000")
+    limits = learned.Learned.build("learned", PolicyParams()).limits
+
+    def ask(k: int) -> None:  # an outlook decisions asked of it
+        load = BackendLoad(running=k, inflight=k, slos=((0.025, k),))
+        learned.outlook(watched, load, pred, Slo(), limits)
+
+    ask(0)
     target = "http://backend-3:8000"
 
     def counts(s: LoadSnapshot) -> Counter[tuple[str, float]]:
@@ -252,7 +268,7 @@ def test_the_moving_scene_keeps_its_streams_and_moves_them_where_decisions_send_
 
     now = snap
     for i in range(1, 7):
-        before = counts(now)
+        before, asked = counts(now), dict(pred.outlooks)
         now = moving.step(target, 0.012)
         for load in now.by_url.values():
             assert load.inflight == sum(c for _, c in load.slos)
@@ -263,8 +279,12 @@ def test_the_moving_scene_keeps_its_streams_and_moves_them_where_decisions_send_
         change[(target, 0.012)] -= 1
         assert sorted(v for v in change.values() if v) == [-1]
         assert now.curves is snap.curves  # the same predictions, until a refit forgets
-        assert bool(pred.outlooks) == (i % 3 != 0)  # forgotten at every third step
-        pred.outlooks[(i,)] = (0.0, 0.0, 0.0, 0.0, False, 0, False)
+        # Every third step a refit: what was asked is forgotten and told again (computed
+        # afresh, as the learner tells a new prediction); between refits it is kept as it is.
+        refit = i % 3 == 0
+        assert set(pred.outlooks) == set(asked)
+        assert all((pred.outlooks[k] is v) != refit for k, v in asked.items())
+        ask(i)
     draws = [decision_cost.Moving(snap, seed=s).tight() for s in range(400)]
     assert 0.15 < sum(draws) / len(draws) < 0.35  # a quarter of the requests are 12 ms
 

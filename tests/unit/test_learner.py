@@ -11,8 +11,8 @@ from gateway.backends.registry import Registry
 from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import BackendConfig, LearningConfig, Settings, TierConfig
 from gateway.observe.telemetry import Telemetry
-from gateway.routing import BackendLoad
-from gateway.routing.learned import TighterClasses, most_streams
+from gateway.routing import BackendLoad, PolicyParams, Slo
+from gateway.routing.learned import Learned, TighterClasses, most_streams, outlook
 from gateway.wire.metrics import EngineStats
 
 MODEL = "m"
@@ -99,3 +99,23 @@ def test_one_class_alone_leaves_the_limits_to_the_decisions() -> None:
     learner.registry.entry(POOL[0]).slos = ((0.025, 3),)
     _run(learner, POOL[0], range(1, 9), 0.02)
     assert learner.registry.curves[POOL[0]].limits == {}
+
+
+def test_a_new_prediction_remembers_the_outlooks_asked_of_the_one_it_replaces() -> None:
+    learner = _learner()
+    _run(learner, POOL[0], range(1, 9), 0.02)
+    old = learner.registry.curves[POOL[0]]
+    backend = learner.registry.entry(POOL[0]).backend
+    params = Learned.build("learned", PolicyParams()).limits
+    loads = [BackendLoad(running=n, inflight=n, slos=((0.025, n),)) for n in range(1, 6)]
+    for lb in loads:
+        outlook(backend, lb, old, Slo(), params)
+    _run(learner, POOL[0], range(9, 13), 0.02)  # it learns: a refit replaces the prediction
+    new = learner.registry.curves[POOL[0]]
+    assert new is not old
+    assert set(new.outlooks) == set(old.outlooks)  # told before any decision asks ...
+    for lb in loads:  # ... each as the new prediction computes it, not the old one's
+        assert outlook(backend, lb, new, Slo(), params) == outlook(
+            backend, lb, replace(new), Slo(), params
+        )
+    assert learner.registry.curves[FAST].outlooks == {}  # nothing asked of it, nothing told

@@ -24,6 +24,7 @@ from gateway.routing import (
 )
 from gateway.routing.curves import KNOTS, Curve, Prediction
 from gateway.routing.learned import (
+    RETOLD,
     SHORTLIST,
     TIGHTER,
     Learned,
@@ -36,6 +37,7 @@ from gateway.routing.learned import (
     met,
     most_streams,
     outlook,
+    remember_outlooks,
     shortlist,
 )
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
@@ -612,3 +614,34 @@ def test_a_remembered_outlook_is_the_one_computed_afresh() -> None:
                 assert got == outlook(L0, lb, replace(shared), slo, limits), (lb, slo, limits)
                 asked += 1
     assert 0 < len(shared.outlooks) < asked  # some were read back
+
+
+@pytest.mark.parametrize(
+    ("asked", "frontier", "told"),
+    [
+        (0, 32, 0),  # nothing asked of the old one: nothing to tell
+        (5, 32, 5),
+        (RETOLD + 20, 32, RETOLD),  # the most recent only
+        (5, 0, 0),  # a prediction of nothing observed is never asked by its memory
+    ],
+)
+def test_a_new_prediction_is_told_the_outlooks_asked_last(
+    asked: int, frontier: int, told: int
+) -> None:
+    old = eagle(spread=0.1)
+    limits = Learned.build("learned", PolicyParams()).limits
+    loads = [BackendLoad(running=n, inflight=n, slos=((0.012, n // 3), (0.025, n - n // 3)))
+             for n in range(asked)]  # fmt: skip
+    for lb in loads:
+        outlook(L0, lb, old, STANDARD, limits)
+    fresh = replace(eagle(spread=0.2), frontier=frontier)  # learned since: another curve
+    remember_outlooks(fresh, old)
+    assert len(fresh.outlooks) == told
+    assert list(fresh.outlooks) == list(old.outlooks)[len(old.outlooks) - told :]
+    for key, found in fresh.outlooks.items():
+        n, slos = key[0], key[1]
+        again = outlook(L0, BackendLoad(running=n, inflight=n, slos=slos), replace(fresh),
+                        STANDARD, limits)  # fmt: skip
+        assert found == again  # computed from the fresh prediction, to the bit
+    if told:  # ... not copied from the old one, whose curve differs
+        assert any(found != old.outlooks[key] for key, found in fresh.outlooks.items())
