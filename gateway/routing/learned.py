@@ -274,7 +274,7 @@ class TighterClasses:
     ) -> None:
         bound = tpot_s * TIGHTER
         now: dict[float, float] = {}
-        lately: dict[float, float] = {}
+        lately: dict[float, float] | None = None  # (built only where a class came lately)
         get = now.get
         for load in loads:
             for s, count in load.slos:  # tightest first
@@ -283,15 +283,18 @@ class TighterClasses:
                 now[s] = get(s, 0) + count
             recent = load.recent
             if recent and recent[0][0] < bound:
+                if lately is None:
+                    lately = {}
                 for s, mean in recent:  # tightest first
                     if s >= bound:
                         break
                     lately[s] = lately.get(s, 0.0) + mean
         # (TPOT SLO, its ln, its streams on the candidates: in flight now or, for a class that
         # comes and goes, as many as lately on average, whichever is more)
-        for s, mean in lately.items():
-            if mean > get(s, 0.0):
-                now[s] = mean
+        if lately is not None:
+            for s, mean in lately.items():
+                if mean > get(s, 0.0):
+                    now[s] = mean
         classes: list[tuple[float, float, float]] = []
         for s, total in now.items():  # (most often one: a loop costs less than a comprehension)
             classes.append((s, log2(s) * _LN2, total))
@@ -304,7 +307,13 @@ class TighterClasses:
         if count is None:
             count = 0
             for pred in self.preds:
-                if pred is not None and pred.frontier and most_streams(log_s, pred):
+                if pred is None or not pred.frontier:
+                    continue
+                # most_streams' memory, read without a call (most often it holds the limit)
+                limit = pred.limits.get(log_s)
+                if limit is None:
+                    limit = most_streams(log_s, pred)
+                if limit:
                     count += 1
             self._able[log_s] = count
         return count
