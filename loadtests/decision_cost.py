@@ -162,7 +162,9 @@ class Moving:
             slos = tuple(sorted((s, k) for s, k in c.items() if k))
             loads[u] = BackendLoad(running=n, inflight=n, slos=slos)
         base = self.snap
-        self.snap = LoadSnapshot(base.backends, loads, 0.0, base.curves, distinct=True)
+        self.snap = LoadSnapshot(
+            base.backends, loads, 0.0, base.curves, distinct=True, tiers=base.tiers
+        )  # as the registry builds them
         return self.snap
 
 

@@ -25,6 +25,7 @@ from gateway.config.settings import BackendConfig, Settings, kind_options
 from gateway.observe.telemetry import Telemetry
 from gateway.routing import Backend, BackendLoad, LoadSnapshot, Role
 from gateway.routing.curves import Prediction
+from gateway.routing.types import by_tier
 from gateway.wire import EngineKind, OwnTransport, WireAdapter
 from gateway.wire.kinds import BUILTIN
 
@@ -380,6 +381,7 @@ class Registry:
         who serves what, the kinds to ask."""
         self.generation += 1
         self.backends = tuple(e.backend for e in self.entries.values() if e.left_at is None)
+        self.tiers = by_tier(self.backends)  # (every snapshot's, grouped once)
         # Backends by the models they serve, overall and per role: who could ever serve a
         # request, before health and exclusions.
         serving: dict[tuple[str, Role | None], set[str]] = {}
@@ -491,7 +493,7 @@ class Registry:
             for url, e in self.entries.items()
             if e.left_at is None
         }
-        return LoadSnapshot(self.backends, loads, now, self.curves, distinct=True)
+        return LoadSnapshot(self.backends, loads, now, self.curves, distinct=True, tiers=self.tiers)
 
     def lease(
         self,

@@ -70,9 +70,9 @@ from gateway.routing.types import (
 )
 
 __all__ = [
-    "NOTHING", "RETOLD", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "first_stream",
-    "guard", "kept_for_tighter", "met", "most_streams", "outlook", "remember_limits",
-    "remember_outlooks", "shortlist",
+    "NOTHING", "RETOLD", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "candidates",
+    "first_stream", "guard", "kept_for_tighter", "met", "most_streams", "outlook",
+    "remember_limits", "remember_outlooks", "shortlist",
 ]  # fmt: skip
 
 _FLOOR = 1e-6
@@ -556,6 +556,42 @@ def shortlist(
     return keep, rest
 
 
+def candidates(
+    req: RouteRequest, snap: LoadSnapshot, rng: random.Random
+) -> tuple[list[Backend], list[Backend]]:
+    """`shortlist` of the pool `eligible` and `pinned` leave, in one pass over the snapshot's
+    backends grouped by tier (the registry groups them once, not every decision). The same
+    answer as those stages one after the other, for the same draws, where each tier's backends
+    are listed together (as the registry lists them); otherwise only the order the tiers are
+    evaluated in differs. A snapshot that may list a URL twice takes the stages one by one."""
+    if not snap.distinct:
+        return shortlist(pinned(req, eligible(req, snap)), rng)
+    if len(snap.backends) <= SHORTLIST:  # nothing to draw: the stages are quicker
+        return pinned(req, eligible(req, snap)), []
+    exclude, model, load, role = req.exclude, req.model, snap.by_url.get, req.pinned
+    keep: list[Backend] = []
+    rest: list[Backend] = []
+    bits = rng.getrandbits
+    for tier in snap.tiers:
+        if role is not None and tier[0].role is not role:
+            continue
+        members = []
+        for b in tier:  # eligible's filter (a loop, not a comprehension: one frame less)
+            url = b.url
+            if model in b.models and load(url, UNKNOWN_LOAD).healthy and url not in exclude:
+                members.append(b)
+        size = len(members)
+        if size <= SHORTLIST:
+            keep += members
+            continue
+        for i in range(SHORTLIST):  # as `shortlist` draws them
+            j = i + bits(32) % (size - i)
+            members[i], members[j] = members[j], members[i]
+        keep += members[:SHORTLIST]
+        rest += members[SHORTLIST:]
+    return keep, rest
+
+
 @dataclass(frozen=True, slots=True)
 class Learned:
     name: str
@@ -570,11 +606,10 @@ class Learned:
     def __call__(
         self, req: RouteRequest, snap: LoadSnapshot, state: RouterState, rng: random.Random
     ) -> Decision:
-        pool = pinned(req, eligible(req, snap))
+        pool, rest = candidates(req, snap, rng)
         if not pool:
             return Decision((), Reason.NO_BACKEND, self.name, state)
         slo, curves, limits = req.slo, snap.curves, self.limits
-        pool, rest = shortlist(pool, rng)
         get = curves.get
         preds = []
         unknown = False

@@ -23,6 +23,7 @@ __all__ = [
     "RouteRequest",
     "RouterState",
     "Slo",
+    "by_tier",
 ]
 
 
@@ -105,6 +106,15 @@ class BackendLoad:
         return queued if queued > self.inflight else self.inflight
 
 
+def by_tier(backends: tuple[Backend, ...]) -> tuple[tuple[Backend, ...], ...]:
+    """`backends` grouped by tier: the tiers in the order they first appear, each one's
+    backends in their order."""
+    tiers: dict[str, list[Backend]] = {}
+    for b in backends:
+        tiers.setdefault(b.tier, []).append(b)
+    return tuple(tuple(members) for members in tiers.values())
+
+
 # A backend the monitor has not reported yet: usable, nothing known about it but our own count.
 UNKNOWN_LOAD = BackendLoad(stale=True)
 
@@ -131,12 +141,17 @@ class LoadSnapshot:
     # Whether no URL is listed twice in ``backends`` (the registry's are keyed by URL), so
     # that `gateway.routing.filters.eligible` need not look for second listings.
     distinct: bool = field(default=False, compare=False)
+    # ``backends`` by tier (`by_tier`): given by whoever keeps the same backends for many
+    # snapshots (the registry), so that a decision need not group them; drawn here if not.
+    tiers: tuple[tuple[Backend, ...], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Copy, so a caller mutating its dict cannot change a snapshot a decision was made on.
         by_url = dict(self.loads)
         object.__setattr__(self, "by_url", by_url)
         object.__setattr__(self, "loads", MappingProxyType(by_url))
+        if not self.tiers and self.backends:
+            object.__setattr__(self, "tiers", by_tier(self.backends))
 
     def load(self, url: str) -> BackendLoad:
         return self.by_url.get(url, UNKNOWN_LOAD)

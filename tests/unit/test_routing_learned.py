@@ -23,6 +23,7 @@ from gateway.routing import (
     build_policy,
 )
 from gateway.routing.curves import KNOTS, Curve, Prediction
+from gateway.routing.filters import eligible, pinned
 from gateway.routing.learned import (
     RETOLD,
     SHORTLIST,
@@ -31,6 +32,7 @@ from gateway.routing.learned import (
     TighterClasses,
     _any_between,
     _least_placed,
+    candidates,
     first_stream,
     guard,
     kept_for_tighter,
@@ -645,3 +647,32 @@ def test_a_new_prediction_is_told_the_outlooks_asked_last(
         assert found == again  # computed from the fresh prediction, to the bit
     if told:  # ... not copied from the old one, whose curve differs
         assert any(found != old.outlooks[key] for key, found in fresh.outlooks.items())
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_candidates_are_the_filters_and_the_shortlist_in_one_pass(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes = {"eagle": (Role.LATENCY, rng.randint(1, 3)),
+             "awq": (Role.THROUGHPUT, rng.randint(1, 12)),
+             "bf16": (Role.THROUGHPUT, rng.randint(0, 7))}  # fmt: skip
+    listed = [Backend(f"http://{tier}-{i}:8000", tier, role,
+                      frozenset({MODEL} if rng.random() < 0.9 else {"other"}))
+              for tier, (role, size) in sizes.items() for i in range(size)]  # fmt: skip
+    loads = {b.url: BackendLoad(healthy=rng.random() < 0.85) for b in listed}
+    exclude = frozenset(b.url for b in listed if rng.random() < 0.1)
+    req = RouteRequest(MODEL, pinned=rng.choice((None, Role.LATENCY, Role.THROUGHPUT)),
+                       exclude=exclude)  # fmt: skip
+    snap = LoadSnapshot(tuple(listed), loads, distinct=True)
+    stages = shortlist(pinned(req, eligible(req, snap)), random.Random(seed))
+    assert candidates(req, snap, random.Random(seed)) == stages  # each tier listed together
+    # Tiers listed interleaved: the same backends evaluated and failed over to, per tier.
+    mixed = LoadSnapshot(tuple(sorted(listed, key=lambda b: b.url[-6:])), loads, distinct=True)
+    keep, rest = candidates(req, mixed, random.Random(seed))
+    assert sorted(b.url for b in keep + rest) == sorted(b.url for b in stages[0] + stages[1])
+    for tier in sizes:
+        assert sum(b.tier == tier for b in keep) == sum(b.tier == tier for b in stages[0])
+    # A snapshot that may list a URL twice goes through the stages one by one.
+    twice = LoadSnapshot((*listed, *listed[:1]), loads)
+    assert candidates(req, twice, random.Random(seed)) == shortlist(
+        pinned(req, eligible(req, twice)), random.Random(seed)
+    )
