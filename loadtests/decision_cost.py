@@ -58,7 +58,7 @@ from loadtests.common.report import revision
 
 __all__ = [
     "GOALS_P99_US", "REFIT_EVERY", "SCENES", "SIZES", "TIGHT_SHARE", "Moving", "decision_alone",
-    "goal_lines", "markdown", "one_pass", "repeated", "snapshot",
+    "goal_lines", "markdown", "one_pass", "one_run", "repeated", "snapshot",
 ]  # fmt: skip
 
 _MODEL = "m"
@@ -235,27 +235,23 @@ def _cost(ns: list[int]) -> dict[str, Any]:
             "mean_us": statistics.fmean(ns) / 1000}  # fmt: skip
 
 
-def decision_alone(
-    policies: Sequence[str], rounds: int = 5, per_round: int = 20_000,
-    sizes: Sequence[int] = SIZES, scene: str = "fixed", replays: int = 1,
-) -> dict[str, Any]:  # fmt: skip
-    """p50/p99 (µs) per policy and snapshot size over rounds x per_round calls in one of
-    `SCENES`; the policies' order rotates per round, so neither always runs on a warmer
-    cache.
+Samples = dict[tuple[str, int], list[int]]  # ns per decision, by (policy, snapshot size)
 
-    With `replays` > 1 each round's decisions are made that many times over, the same ones
-    from the same start, and `least` holds the percentiles of each decision's least time: its
-    own cost, without what else the machine did meanwhile (an interrupt, another process on
-    the core). `steady` times a fixed piece of work as often, the same way: the spread of
-    identical work on this machine."""
+
+def one_run(
+    policies: Sequence[str], rounds: int, per_round: int, sizes: Sequence[int], scene: str
+) -> tuple[Samples, list[int]]:
+    """Each decision's time (ns) per policy and snapshot size over rounds x per_round calls in
+    one of `SCENES`, the policies' order rotating per round (so neither always runs on a warmer
+    cache); and as many timings of a fixed piece of work. The same decisions, in the same order,
+    every time it is called with the same arguments."""
     if scene not in SCENES:
         raise ValueError(f"unknown scene {scene!r}; choose from {', '.join(SCENES)}")
     params = PolicyParams()
     built = {name: build_policy(name, params) for name in policies}
     snaps = {size: snapshot(size) for size in sizes}
-    once: dict[tuple[str, int], list[int]] = {(p, s): [] for p in policies for s in sizes}
-    least: dict[tuple[str, int], list[int]] = {(p, s): [] for p in policies for s in sizes}
-    machine: list[int] = []
+    samples: Samples = {(p, s): [] for p in policies for s in sizes}
+    steady: list[int] = []
     # As the gateway does once started (gateway.serve.server.run_server): what lives for the whole
     # run is kept out of the collector's passes.
     gc.collect()
@@ -265,24 +261,48 @@ def decision_alone(
             order = list(policies[r % len(policies) :]) + list(policies[: r % len(policies)])
             for size, snap in snaps.items():
                 for name in order:
-                    first = one_pass(built[name], snap, scene, r, per_round)
-                    once[(name, size)] += first
-                    best = first
-                    for _ in range(replays - 1):
-                        best = list(map(min, best, one_pass(built[name], snap, scene, r,
-                                                             per_round)))  # fmt: skip
-                    least[(name, size)] += best
-            machine += _machine(per_round)
+                    samples[(name, size)] += one_pass(built[name], snap, scene, r, per_round)
+            steady += _machine(per_round)
     finally:
         gc.unfreeze()  # the caller's process collects as before
+    return samples, steady
+
+
+def _least(best: Samples, again: Samples) -> None:
+    """Each decision's least time so far, in `best`."""
+    for k, ns in again.items():
+        best[k] = list(map(min, best[k], ns))
+
+
+def _report(once: Samples, least: Samples | None, steady: list[int]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for (name, size), ns in once.items():
-        cell = _cost(ns)
-        if replays > 1:
-            cell["least"] = _cost(least[(name, size)])
+        cell = _cost(list(ns))
+        if least is not None:
+            cell["least"] = _cost(list(least[(name, size)]))
         result.setdefault(name, {})[str(size)] = cell
+    return {"policies": result, "steady": _cost(list(steady))}
+
+
+def decision_alone(
+    policies: Sequence[str], rounds: int = 5, per_round: int = 20_000,
+    sizes: Sequence[int] = SIZES, scene: str = "fixed", replays: int = 1,
+) -> dict[str, Any]:  # fmt: skip
+    """p50/p99 (µs) per policy and snapshot size over rounds x per_round calls in one of
+    `SCENES` (`one_run`).
+
+    With `replays` > 1 the decisions are made that many times over, the same ones from the
+    same start, and `least` holds the percentiles of each decision's least time: its own cost,
+    without what else the machine did meanwhile (an interrupt, another process on the core).
+    `steady` times a fixed piece of work as often, the same way: the spread of identical work
+    on this machine."""
+    once, steady = one_run(policies, rounds, per_round, sizes, scene)
+    least = dict(once) if replays > 1 else None
+    for _ in range(replays - 1):
+        assert least is not None
+        _least(least, one_run(policies, rounds, per_round, sizes, scene)[0])
     return {"inflight": _INFLIGHT, "rounds": rounds, "sizes": list(sizes), "scene": scene,
-            "replays": replays, "policies": result, "steady": _cost(machine)}  # fmt: skip
+            "replays": replays, **_report(once, least, steady)}  # fmt: skip
 
 
 # The goals of one decision alone (µs at the 99th percentile), by backends in the snapshot.
@@ -293,16 +313,34 @@ def repeated(
     policies: Sequence[str], runs: int, per_round: int, progress: Callable[[int], None],
     replays: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """`decision_alone` in every scene, `runs` times over (`progress(done)` after each scene of
-    each run): one run's percentiles move with what else the machine does, so a figure is the
-    median of the runs', with each run's beside it."""
+    """`one_run` in every scene, `runs` times over (`progress(done)` after each): one run's
+    percentiles move with what else the machine does, so a figure is the median of the runs',
+    with each run's beside it. With `replays` > 1 every run of every scene is made that many
+    times, a whole pass of them after another, so that a decision's replays lie minutes apart
+    (a machine that slows for a while slows them all only if it is slow throughout)."""
+    once: dict[tuple[int, str], tuple[Samples, list[int]]] = {}
+    least: dict[tuple[int, str], Samples] = {}
+    done = 0
+    for replay in range(replays):
+        for i in range(runs):
+            for scene in SCENES:
+                samples, steady = one_run(policies, 5, per_round, SIZES, scene)
+                if replay == 0:
+                    once[(i, scene)] = samples, steady
+                    least[(i, scene)] = dict(samples)
+                else:
+                    _least(least[(i, scene)], samples)
+                done += 1
+                progress(done)
     each: list[dict[str, Any]] = []
     for i in range(runs):
         run = {}
-        for j, scene in enumerate(SCENES):
-            run[scene] = decision_alone(policies, per_round=per_round, scene=scene,
-                                        replays=replays)  # fmt: skip
-            progress(i * len(SCENES) + j + 1)
+        for scene in SCENES:
+            samples, steady = once[(i, scene)]
+            run[scene] = {"inflight": _INFLIGHT, "rounds": 5, "sizes": list(SIZES),
+                          "scene": scene, "replays": replays,
+                          **_report(samples, least[(i, scene)] if replays > 1 else None,
+                                    steady)}  # fmt: skip
         each.append(run)
 
     def spread(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -319,9 +357,9 @@ def repeated(
                 if replays > 1:
                     cell["least"] = spread([c["least"] for c in cells])
                 summary.setdefault(scene, {}).setdefault(name, {})[size] = cell
-    steady = spread([r[scene]["steady"] for r in each for scene in SCENES])
+    steady_all = spread([r[scene]["steady"] for r in each for scene in SCENES])
     return {"inflight": _INFLIGHT, "refit_every": REFIT_EVERY, "replays": replays, "runs": each,
-            "summary": summary, "steady": steady}  # fmt: skip
+            "summary": summary, "steady": steady_all}  # fmt: skip
 
 
 def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
@@ -368,9 +406,10 @@ def markdown(report: dict[str, Any]) -> str:
     replayed = (
         ""
         if replays < 2
-        else f" Each round's decisions were made {replays} times over, the same decisions "
-        "from the same start: a decision's least time is its own cost, without what else the "
-        "machine did meanwhile; 'as timed once' is the first time."
+        else f" Every run of every scene was made {replays} times, the same decisions from the "
+        "same start, a whole pass of the runs after another (so a decision's replays lie "
+        "minutes apart): a decision's least time is its own cost, without what else the "
+        "machine did meanwhile; 'as timed once' is the first pass."
     )
     steady = report["steady"]
     m50, m99 = steady["p50_us"]["median"], steady["p99_us"]["median"]
@@ -446,9 +485,10 @@ def command(
         int,
         typer.Option(
             min=1,
-            help="Times each round's decisions are made over, the same ones from the same "
-            "start: each decision's least time is reported beside its first (its own cost, "
-            "without what else the machine did meanwhile). 1: timed once.",
+            help="Times every run of every scene is made, the same decisions from the same "
+            "start, a whole pass of the runs after another: each decision's least time is "
+            "reported beside its first (its own cost, without what else the machine did "
+            "meanwhile). 1: timed once.",
         ),
     ] = 3,
     out: Annotated[Path | None, typer.Option(help="Folder for decision-cost.md/.json.")] = None,
@@ -478,7 +518,7 @@ def command(
         names = ("learned", *names)  # the goals are the learned policy's
     console = Console()
     with Progress(console=console) as bar:
-        task = bar.add_task("timing decisions", total=runs * len(SCENES))
+        task = bar.add_task("timing decisions", total=runs * len(SCENES) * replays)
         report = repeated(
             names,
             runs,

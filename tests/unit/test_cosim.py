@@ -301,6 +301,9 @@ def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
     cell = report["summary"]["moving"]["least-loaded"]["16"]
     assert cell["samples"] == 20
     assert len(cell["p99_us"]["runs"]) == 2
+    assert report["replays"] == 3  # each decision's least time of three passes, per run
+    for q in ("p50_us", "p99_us"):
+        assert all(a <= b for a, b in zip(cell["least"][q]["runs"], cell[q]["runs"], strict=True))
     assert "## Goals" in (tmp_path / "decision-cost.md").read_text()
     bad = CliRunner().invoke(app, ["bench", "decision-cost", "--policy", "nope"])
     assert bad.exit_code == 2
