@@ -573,13 +573,13 @@ def candidates(
     rest: list[Backend] = []
     bits = rng.getrandbits
     for tier in snap.tiers:
-        if role is not None and tier[0].role is not role:
-            continue
         members = []
         for b in tier:  # eligible's filter (a loop, not a comprehension: one frame less)
             url = b.url
             if model in b.models and load(url, UNKNOWN_LOAD).healthy and url not in exclude:
                 members.append(b)
+        if role is not None:  # pinned's, member by member (a tier is one role, as configured)
+            members = [b for b in members if b.role is role]
         size = len(members)
         if size <= SHORTLIST:
             keep += members
