@@ -57,8 +57,8 @@ from gateway.routing.curves import Prediction
 from loadtests.common.report import revision
 
 __all__ = [
-    "GOALS_P99_US", "REFIT_EVERY", "SCENES", "SIZES", "TIGHT_SHARE", "Moving", "decision_alone",
-    "goal_lines", "markdown", "one_pass", "one_run", "repeated", "snapshot",
+    "GOALS_P99_US", "REFIT_EVERY", "ROUNDS", "SCENES", "SIZES", "TIGHT_SHARE", "Moving",
+    "decision_alone", "goal_lines", "markdown", "one_pass", "one_run", "repeated", "snapshot",
 ]  # fmt: skip
 
 _MODEL = "m"
@@ -274,18 +274,28 @@ def _least(best: Samples, again: Samples) -> None:
         best[k] = list(map(min, best[k], ns))
 
 
-def _report(once: Samples, least: Samples | None, steady: list[int]) -> dict[str, Any]:
+def _report(
+    scene: str, rounds: int, sizes: Sequence[int], timed: tuple[Samples, list[int]],
+    least: Samples | None,
+) -> dict[str, Any]:  # fmt: skip
+    """One scene's percentiles: each decision's first time (`timed`, with the fixed work's
+    times), and its least where it was replayed."""
+    once, steady = timed
     result: dict[str, Any] = {}
     for (name, size), ns in once.items():
         cell = _cost(list(ns))
         if least is not None:
             cell["least"] = _cost(list(least[(name, size)]))
         result.setdefault(name, {})[str(size)] = cell
-    return {"policies": result, "steady": _cost(list(steady))}
+    return {"inflight": _INFLIGHT, "rounds": rounds, "sizes": list(sizes), "scene": scene,
+            "policies": result, "steady": _cost(list(steady))}  # fmt: skip
+
+
+ROUNDS = 5  # per run of a scene, the policies' order rotated in each
 
 
 def decision_alone(
-    policies: Sequence[str], rounds: int = 5, per_round: int = 20_000,
+    policies: Sequence[str], rounds: int = ROUNDS, per_round: int = 20_000,
     sizes: Sequence[int] = SIZES, scene: str = "fixed", replays: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
     """p50/p99 (µs) per policy and snapshot size over rounds x per_round calls in one of
@@ -296,13 +306,12 @@ def decision_alone(
     without what else the machine did meanwhile (an interrupt, another process on the core).
     `steady` times a fixed piece of work as often, the same way: the spread of identical work
     on this machine."""
-    once, steady = one_run(policies, rounds, per_round, sizes, scene)
-    least = dict(once) if replays > 1 else None
+    timed = one_run(policies, rounds, per_round, sizes, scene)
+    least = dict(timed[0])
     for _ in range(replays - 1):
-        assert least is not None
         _least(least, one_run(policies, rounds, per_round, sizes, scene)[0])
-    return {"inflight": _INFLIGHT, "rounds": rounds, "sizes": list(sizes), "scene": scene,
-            "replays": replays, **_report(once, least, steady)}  # fmt: skip
+    report = _report(scene, rounds, sizes, timed, least if replays > 1 else None)
+    return {**report, "replays": replays}
 
 
 # The goals of one decision alone (µs at the 99th percentile), by backends in the snapshot.
@@ -324,7 +333,7 @@ def repeated(
     for replay in range(replays):
         for i in range(runs):
             for scene in SCENES:
-                samples, steady = one_run(policies, 5, per_round, SIZES, scene)
+                samples, steady = one_run(policies, ROUNDS, per_round, SIZES, scene)
                 if replay == 0:
                     once[(i, scene)] = samples, steady
                     least[(i, scene)] = dict(samples)
@@ -336,11 +345,9 @@ def repeated(
     for i in range(runs):
         run = {}
         for scene in SCENES:
-            samples, steady = once[(i, scene)]
-            run[scene] = {"inflight": _INFLIGHT, "rounds": 5, "sizes": list(SIZES),
-                          "scene": scene, "replays": replays,
-                          **_report(samples, least[(i, scene)] if replays > 1 else None,
-                                    steady)}  # fmt: skip
+            replayed = least[(i, scene)] if replays > 1 else None
+            report = _report(scene, ROUNDS, SIZES, once[(i, scene)], replayed)
+            run[scene] = {**report, "replays": replays}
         each.append(run)
 
     def spread(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -427,7 +434,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"predictions refitted every {report['refit_every']} decisions, "
         "forgetting what they remembered), `fixed` (one snapshot: every outlook remembered "
         "after the first decision) and `cold` (one snapshot, every outlook forgotten before "
-        "each decision). Each run is 5 rounds per scene whose policy order rotates, after "
+        f"each decision). Each run is {ROUNDS} rounds per scene whose policy order rotates, after "
         "`gc.freeze()` as the gateway's process does. A run's 99th percentile moves with what "
         "else the machine does: the figures are the median of the runs, each run's beside it."
         + replayed,

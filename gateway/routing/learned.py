@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from math import erf, log2
 from typing import NamedTuple
@@ -538,22 +538,30 @@ def shortlist(
     rest: list[Backend] = []
     bits = rng.getrandbits
     for members in tiers.values():
-        size = len(members)
-        if size <= SHORTLIST:
-            keep += members
-            continue
-        # The first SHORTLIST places of a Fisher-Yates shuffle: a uniform sample, at a draw
-        # each (random.sample takes ~5 us for this; 32 random bits modulo the places left
-        # cost about half of int(random() * places), and lean from uniform by under 1e-8). The
-        # others fail over in the order it leaves them: ranking them by load took longer than
-        # the whole evaluation of two candidates, for an order read only once the evaluated
-        # ones have all failed.
-        for i in range(SHORTLIST):
-            j = i + bits(32) % (size - i)
-            members[i], members[j] = members[j], members[i]
-        keep += members[:SHORTLIST]
-        rest += members[SHORTLIST:]
+        _sample(members, keep, rest, bits)
     return keep, rest
+
+
+def _sample(
+    members: list[Backend], keep: list[Backend], rest: list[Backend], bits: Callable[[int], int]
+) -> None:
+    """One tier's `members` (reordered in place) into `keep`, all of them or SHORTLIST drawn
+    at random, and the others into `rest`."""
+    size = len(members)
+    if size <= SHORTLIST:
+        keep += members
+        return
+    # The first SHORTLIST places of a Fisher-Yates shuffle: a uniform sample, at a draw each
+    # (random.sample takes ~5 us for this; 32 random bits modulo the places left cost about
+    # half of int(random() * places), and lean from uniform by under 1e-8). The others fail
+    # over in the order it leaves them: ranking them by load took longer than the whole
+    # evaluation of two candidates, for an order read only once the evaluated ones have all
+    # failed.
+    for i in range(SHORTLIST):
+        j = i + bits(32) % (size - i)
+        members[i], members[j] = members[j], members[i]
+    keep += members[:SHORTLIST]
+    rest += members[SHORTLIST:]
 
 
 def candidates(
@@ -580,15 +588,7 @@ def candidates(
                 members.append(b)
         if role is not None:  # pinned's, member by member (a tier is one role, as configured)
             members = [b for b in members if b.role is role]
-        size = len(members)
-        if size <= SHORTLIST:
-            keep += members
-            continue
-        for i in range(SHORTLIST):  # as `shortlist` draws them
-            j = i + bits(32) % (size - i)
-            members[i], members[j] = members[j], members[i]
-        keep += members[:SHORTLIST]
-        rest += members[SHORTLIST:]
+        _sample(members, keep, rest, bits)
     return keep, rest
 
 
