@@ -35,6 +35,7 @@ No clock, no I/O: times come in with the observations (gateway.backends.learner 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -59,6 +60,9 @@ UNKNOWN = Prediction(tpot=UNKNOWN_CURVE, ttft=UNKNOWN_CURVE, frontier=0)
 # How far the load the streams saw between two scrapes may lie from the scrapes' own, as a
 # factor (plus one stream), for the interval's steps to be read at the scrapes' load.
 _STEADY = 1.5
+# Scrapes of an engine's speculation counters kept to read a finished stream's acceptance: a
+# few tens of seconds at the usual scrape intervals, longer than most streams decode.
+_KEPT = 64
 
 
 def isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -276,23 +280,29 @@ class AcceptanceRate:
 
     Each scrape's increments are added to sums that halve every `halflife_s`, so the rates
     follow a workload shift within a few half-lives; a counter that went down (an engine
-    restart) starts the count again.
+    restart) starts the count again. The last `_KEPT` scrapes are kept as they came, so that a
+    stream's TPOT can be read at the acceptance it ran at (`tokens_per_step_since`), not at
+    the average that is still catching up with a shift.
     """
 
-    __slots__ = ("accepted", "draft_tokens", "drafts", "halflife_s", "last", "last_at")
+    __slots__ = ("accepted", "draft_tokens", "drafts", "halflife_s", "kept", "last", "last_at")
 
     def __init__(self, halflife_s: float) -> None:
         self.halflife_s = halflife_s
         self.drafts = self.draft_tokens = self.accepted = 0.0
         self.last: tuple[float, float, float] | None = None
         self.last_at = 0.0
+        self.kept: deque[tuple[float, tuple[float, float, float]]] = deque(maxlen=_KEPT)
 
     def observe(self, totals: tuple[float, float, float], now: float) -> None:
         """`totals`: the counters (drafts, draft tokens, accepted tokens) as scraped at `now`."""
         last, self.last = self.last, totals
         if last is None or any(t < p for t, p in zip(totals, last, strict=True)):
             self.last_at = now
+            self.kept.clear()  # counts before a restart are no base for those after it
+            self.kept.append((now, totals))
             return
+        self.kept.append((now, totals))
         decay = 0.5 ** (max(0.0, now - self.last_at) / self.halflife_s)
         self.last_at = now
         self.drafts = self.drafts * decay + (totals[0] - last[0])
@@ -303,6 +313,21 @@ class AcceptanceRate:
     def tokens_per_step(self) -> float | None:
         """1 + accepted drafts per verification step; None before any draft was seen."""
         return 1.0 + self.accepted / self.drafts if self.drafts > 1e-9 else None
+
+    def tokens_per_step_since(self, since: float) -> float | None:
+        """Tokens per step over the scrapes from the last one at or before `since` (the oldest
+        kept, if none is; the one before the latest, if that is the latest) to the latest;
+        None where no draft was verified in between."""
+        if len(self.kept) < 2:
+            return None
+        base = self.kept[0][1]
+        for i, (at, totals) in enumerate(self.kept):
+            if at > since or i == len(self.kept) - 1:
+                break
+            base = totals
+        end = self.kept[-1][1]
+        drafts = end[0] - base[0]
+        return 1.0 + (end[2] - base[2]) / drafts if drafts > 0 else None
 
     @property
     def verified_per_step(self) -> float | None:
@@ -427,11 +452,23 @@ class BackendModel:
             self.observed_at = now
 
     def observe_request(self, at: float, tpot: tuple[float, float] | None,
-                        ttft: tuple[float, float] | None) -> None:  # fmt: skip
-        """One finished stream seen at the gateway: (concurrency, TPOT) over its decode, and
-        (concurrency it joined, TTFT)."""
+                        ttft: tuple[float, float] | None, since: float | None = None
+                        ) -> None:  # fmt: skip
+        """One finished stream seen at the gateway: (concurrency, TPOT) over its decode, which
+        began at `since`, and (concurrency it joined, TTFT).
+
+        The TPOT curve is kept at the tokens per step `tps`, an average that follows a shift
+        of acceptance over a few half-lives. The stream ran at the acceptance of its own
+        time, which the engine's counters since `since` tell: its TPOT is put in the curve's
+        units by the ratio of the two. Taken as it is, a stream timed just after acceptance
+        fell would count the fall twice, once in its TPOT and again when the average caught
+        up and rescaled the curve; and the load where it ran would look too slow to use."""
         if tpot is not None:
             n, y = tpot
+            if since is not None and self.tps is not None:
+                ran_at = self.acceptance.tokens_per_step_since(since)
+                if ran_at is not None:
+                    y *= ran_at / self.tps
             expected = 0.0
             if self._table is not None and 1 <= n <= self._drawn_to + 1:
                 expected = self._at(n)

@@ -149,13 +149,13 @@ class Learner:
         if self._generation != self.registry.generation:
             self._follow()
         now = self.clock()
-        decoding = None
+        decoding, since = None, None
         if tpot is not None and ex.busy_mark is not None:
-            area, at = ex.busy_mark
+            area, since = ex.busy_mark
             end_area, _ = entry.busy_mark(now)
-            mean = (end_area - area) / (now - at) if now > at else float(entry.busy)
+            mean = (end_area - area) / (now - since) if now > since else float(entry.busy)
             decoding = (max(1.0, mean), tpot)
-        self.models[b.url].observe_request(now, decoding, (ex.joined_at_load, ttft))
+        self.models[b.url].observe_request(now, decoding, (ex.joined_at_load, ttft), since)
         self._dirty.add(b.url)
 
     def slow_start(self, url: str, load: int, waited: float) -> None:

@@ -439,3 +439,52 @@ def test_an_unlike_mate_is_scaled_to_the_backends_own_level() -> None:
     assert told.tpot.at(8) == pytest.approx(slower(8), rel=0.02)
     # ... and shaped as the mate's curve past that
     assert told.tpot.at(24) / told.tpot.at(8) == pytest.approx(mate.tpot.at(24) / mate.tpot.at(8))
+
+
+@pytest.mark.parametrize("told_when", [True, False])
+def test_a_stream_timed_as_acceptance_falls_counts_the_fall_once(told_when: bool) -> None:
+    """Streams that decoded just after acceptance fell, while the average still lags: read at
+    the acceptance they ran at, the curve ends where the truth is once the average has caught
+    up; read at the lagging average, they are rescaled again and stay too slow (the fall
+    counted twice)."""
+    m = model()
+    t = _scrape_loop(m, 3.26, 16, 0.0, 10.0)
+    t = _scrape_loop(m, 1.67, 16, t, 1.0)  # the fall: 1 s of it scraped, the average lags
+    assert m.tps is not None
+    assert m.tps > 2.0
+    truth = true_step(16) / 1.67
+    for _i in range(40):  # streams that decoded over the last second, all at the new acceptance
+        m.observe_request(t, (16.0, truth), None, t - 1.0 if told_when else None)
+    # The average catches up; no step time is scraped meanwhile (the engine reads another
+    # load, or its interval is not steady), so nothing else corrects the knot.
+    assert m._last is not None
+    assert m._last.spec is not None
+    drafts, _, accepted = m._last.spec
+    for _ in range(120):
+        t += 0.25
+        drafts, accepted = drafts + 100, accepted + 67
+        m.observe_engine(EngineSample(16, None, None, (drafts, drafts * 5, accepted)), t)
+    assert m.tps == pytest.approx(1.67, rel=0.01)
+    at_16 = m.prediction().tpot.at(16)
+    if told_when:
+        assert at_16 == pytest.approx(truth, rel=0.05)
+    else:
+        assert at_16 > truth * 1.1
+
+
+def test_a_streams_acceptance_is_read_from_the_counters_of_its_own_time() -> None:
+    acc = AcceptanceRate(halflife_s=3.0)
+    assert acc.tokens_per_step_since(0.0) is None  # nothing scraped
+    acc.observe((0, 0, 0), 0.0)
+    acc.observe((100, 500, 300), 1.0)  # 4 tokens per step
+    acc.observe((200, 1000, 350), 2.0)  # then 1.5
+    assert acc.tokens_per_step_since(1.0) == pytest.approx(1.5)
+    assert acc.tokens_per_step_since(0.5) == pytest.approx(1 + 350 / 200)
+    assert acc.tokens_per_step_since(-5.0) == pytest.approx(1 + 350 / 200)  # older: all kept
+    assert acc.tokens_per_step_since(2.5) == pytest.approx(1.5)  # after the last: the last
+    acc.observe((200, 1000, 350), 3.0)  # nothing drafted since
+    assert acc.tokens_per_step_since(2.5) is None
+    acc.observe((10, 50, 20), 4.0)  # a restart: the counts before it are no base
+    assert acc.tokens_per_step_since(0.0) is None
+    acc.observe((20, 100, 40), 5.0)
+    assert acc.tokens_per_step_since(0.0) == pytest.approx(3.0)
