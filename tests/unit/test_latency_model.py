@@ -4,6 +4,7 @@ follows shifts, stays monotone, and measures the spread of requests around it.""
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Callable
@@ -448,15 +449,15 @@ def test_a_stream_timed_as_acceptance_falls_counts_the_fall_once(told_when: bool
     up; read at the lagging average, they are rescaled again and stay too slow (the fall
     counted twice)."""
     m = model()
-    t = _scrape_loop(m, 3.26, 16, 0.0, 10.0)
-    t = _scrape_loop(m, 1.67, 16, t, 1.0)  # the fall: 1 s of it scraped, the average lags
+    t = 0.0
+    for tps in [3.26] * 40 + [1.67] * 8:  # 10 s steady, then 2 s after the fall
+        t = _scrape_loop(m, tps, 16, t, 0.25)
+        since = t - 1.0 if told_when else None
+        m.observe_request(t, (16.0, true_step(16) / tps), None, since)
     assert m.tps is not None
-    assert m.tps > 2.0
-    truth = true_step(16) / 1.67
-    for _i in range(40):  # streams that decoded over the last second, all at the new acceptance
-        m.observe_request(t, (16.0, truth), None, t - 1.0 if told_when else None)
-    # The average catches up; no step time is scraped meanwhile (the engine reads another
-    # load, or its interval is not steady), so nothing else corrects the knot.
+    assert m.tps > 2.0  # the average lags the fall
+    # It catches up; no step time is scraped meanwhile (the engine reads another load, or its
+    # interval is not steady), so nothing else corrects the knot.
     assert m._last is not None
     assert m._last.spec is not None
     drafts, _, accepted = m._last.spec
@@ -466,10 +467,31 @@ def test_a_stream_timed_as_acceptance_falls_counts_the_fall_once(told_when: bool
         m.observe_engine(EngineSample(16, None, None, (drafts, drafts * 5, accepted)), t)
     assert m.tps == pytest.approx(1.67, rel=0.01)
     at_16 = m.prediction().tpot.at(16)
+    truth = true_step(16) / 1.67
     if told_when:
         assert at_16 == pytest.approx(truth, rel=0.05)
     else:
         assert at_16 > truth * 1.1
+
+
+@pytest.mark.parametrize(("last_tps", "converted"), [(3.26 * 1.01, False), (3.26 * 0.7, True)])
+def test_a_streams_usual_scatter_of_acceptance_is_not_divided_out(
+    last_tps: float, converted: bool
+) -> None:
+    """Outside a shift, a stream's acceptance differs from the average mostly by what its own
+    drafts add to it: a ratio within that usual scatter is shrunk to nothing; a shift's is
+    not."""
+    m = model()
+    t = 0.0
+    for i in range(200):
+        t = _scrape_loop(m, 3.26 * (1.01 if i % 2 else 0.99), 16, t, 0.25)
+        m.observe_request(t, (16.0, 0.006), None, t - 0.25)
+    assert m.lag.deviation < 0.02  # learned: the ratio scatters by ~1%
+    t = _scrape_loop(m, last_tps, 16, t, 0.25)
+    told, untold = copy.deepcopy(m), copy.deepcopy(m)
+    told.observe_request(t, (16.0, 0.006), None, t - 0.25)
+    untold.observe_request(t, (16.0, 0.006), None)
+    assert (told.tpot.values != untold.tpot.values) is converted
 
 
 def test_a_streams_acceptance_is_read_from_the_counters_of_its_own_time() -> None:
