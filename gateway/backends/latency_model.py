@@ -24,6 +24,8 @@ tokens per step, and the tokens per step (1 + accepted drafts per verification) 
 engine's counters, averaged with a half-life of seconds. When that average moves, every knot of
 the TPOT curve is rescaled by the ratio (the step time is the hardware's, the acceptance is the
 workload's), so a workload shift moves the whole curve at once, not one visited knot at a time.
+A finished stream's TPOT is read at the acceptance it ran at (the counters over its own decode),
+not at the average still catching up with a shift (BackendModel.observe_request).
 
 A request's TPOT scatters around the curve (its own acceptance, the batch it shared): the
 finished streams' log-residuals against the curve give a bias and a spread, from which routing
