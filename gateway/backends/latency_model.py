@@ -320,14 +320,17 @@ class AcceptanceRate:
         """Tokens per step over the scrapes from the last one at or before `since` (the oldest
         kept, if none is; the one before the latest, if that is the latest) to the latest;
         None where no draft was verified in between."""
-        if len(self.kept) < 2:
+        kept = self.kept
+        if len(kept) < 2:
             return None
-        base = self.kept[0][1]
-        for i, (at, totals) in enumerate(self.kept):
-            if at > since or i == len(self.kept) - 1:
+        base = kept[0][1]
+        # From the latest back (a stream decodes for seconds: a few scrapes, not all kept).
+        for i in range(len(kept) - 2, -1, -1):
+            at, totals = kept[i]
+            if at <= since:
+                base = totals
                 break
-            base = totals
-        end = self.kept[-1][1]
+        end = kept[-1][1]
         drafts = end[0] - base[0]
         return 1.0 + (end[2] - base[2]) / drafts if drafts > 0 else None
 
