@@ -477,7 +477,7 @@ class BackendModel:
         square that the scatter explains): outside a shift it is mostly the stream's own
         acceptance, a part of the engine's average, and dividing that out would read a
         stream slowed by its own drafts as a fast one (measured: the knife-edge cells of the
-        routing study lost 2-4% of their SLO-met requests with the ratio taken whole)."""
+        routing study lost up to 4% of their SLO-met requests with the ratio taken whole)."""
         if tpot is not None:
             n, y = tpot
             if since is not None and self.tps is not None:
