@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from gateway.routing.types import UNKNOWN_LOAD, Backend, LoadSnapshot, Role, RouteRequest
 
-__all__ = ["eligible", "of_role", "pinned", "split_roles"]
+__all__ = ["eligible", "of_role", "pinned", "serving", "split_roles"]
 
 
 def eligible(req: RouteRequest, snap: LoadSnapshot) -> list[Backend]:
@@ -15,23 +15,30 @@ def eligible(req: RouteRequest, snap: LoadSnapshot) -> list[Backend]:
     A url listed twice counts once, by its first listing, even if that one is filtered out:
     the url is the backend's identity, so its two listings are the same engine.
     """
+    # (A snapshot that lists each url once has no second listing to look for: no set built
+    # and searched per decision.)
+    listed = snap.backends if snap.distinct else _first_listings(snap.backends)
+    return serving(req, listed, snap)
+
+
+def serving(req: RouteRequest, backends: Iterable[Backend], snap: LoadSnapshot) -> list[Backend]:
+    """Those of `backends` that are healthy in `snap`, not excluded and serve the request's
+    model, in their order."""
     out: list[Backend] = []
     exclude, model, get = req.exclude, req.model, snap.by_url.get
-    if snap.distinct:  # no second listing to look for: no set built and searched per decision
-        for b in snap.backends:
-            url = b.url
-            if model in b.models and get(url, UNKNOWN_LOAD).healthy and url not in exclude:
-                out.append(b)
-        return out
-    seen: set[str] = set()
-    for b in snap.backends:
+    for b in backends:  # (a loop, not a comprehension: one frame less, on every decision)
         url = b.url
-        if url in seen:
-            continue
-        seen.add(url)
         if model in b.models and get(url, UNKNOWN_LOAD).healthy and url not in exclude:
             out.append(b)
     return out
+
+
+def _first_listings(backends: Iterable[Backend]) -> Iterator[Backend]:
+    seen: set[str] = set()
+    for b in backends:
+        if b.url not in seen:
+            seen.add(b.url)
+            yield b
 
 
 def of_role(pool: Iterable[Backend], role: Role) -> list[Backend]:

@@ -54,7 +54,7 @@ from math import erf, log2
 from typing import NamedTuple
 
 from gateway.routing.curves import Prediction
-from gateway.routing.filters import eligible, pinned
+from gateway.routing.filters import eligible, of_role, pinned, serving
 from gateway.routing.params import PolicyParams
 from gateway.routing.types import (
     UNKNOWN_LOAD,
@@ -67,6 +67,7 @@ from gateway.routing.types import (
     RouteRequest,
     RouterState,
     Slo,
+    by_tier,
 )
 
 __all__ = [
@@ -527,18 +528,11 @@ def shortlist(
     """(the backends a decision evaluates, the others in a random order, for failover)."""
     if len(pool) <= SHORTLIST:
         return pool, []
-    tiers: dict[str, list[Backend]] = {}
-    for b in pool:  # (setdefault would build a list per backend)
-        members = tiers.get(b.tier)
-        if members is None:
-            tiers[b.tier] = [b]
-        else:
-            members.append(b)
     keep: list[Backend] = []
     rest: list[Backend] = []
     bits = rng.getrandbits
-    for members in tiers.values():
-        _sample(members, keep, rest, bits)
+    for members in by_tier(pool):
+        _sample(list(members), keep, rest, bits)
     return keep, rest
 
 
@@ -576,18 +570,14 @@ def candidates(
         return shortlist(pinned(req, eligible(req, snap)), rng)
     if len(snap.backends) <= SHORTLIST:  # nothing to draw: the stages are quicker
         return pinned(req, eligible(req, snap)), []
-    exclude, model, load, role = req.exclude, req.model, snap.by_url.get, req.pinned
+    role = req.pinned
     keep: list[Backend] = []
     rest: list[Backend] = []
     bits = rng.getrandbits
     for tier in snap.tiers:
-        members = []
-        for b in tier:  # eligible's filter (a loop, not a comprehension: one frame less)
-            url = b.url
-            if model in b.models and load(url, UNKNOWN_LOAD).healthy and url not in exclude:
-                members.append(b)
+        members = serving(req, tier, snap)  # eligible's filter, a tier at a time
         if role is not None:  # pinned's, member by member (a tier is one role, as configured)
-            members = [b for b in members if b.role is role]
+            members = of_role(members, role)
         _sample(members, keep, rest, bits)
     return keep, rest
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -106,12 +106,16 @@ class BackendLoad:
         return queued if queued > self.inflight else self.inflight
 
 
-def by_tier(backends: tuple[Backend, ...]) -> tuple[tuple[Backend, ...], ...]:
+def by_tier(backends: Sequence[Backend]) -> tuple[tuple[Backend, ...], ...]:
     """`backends` grouped by tier: the tiers in the order they first appear, each one's
     backends in their order."""
     tiers: dict[str, list[Backend]] = {}
-    for b in backends:
-        tiers.setdefault(b.tier, []).append(b)
+    for b in backends:  # (setdefault would build a list per backend)
+        members = tiers.get(b.tier)
+        if members is None:
+            tiers[b.tier] = [b]
+        else:
+            members.append(b)
     return tuple(tuple(members) for members in tiers.values())
 
 
