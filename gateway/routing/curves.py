@@ -19,9 +19,12 @@ from typing import Any, Final
 __all__ = ["KNOTS", "TABLE_MAX", "UNKNOWN_CURVE", "Curve", "Prediction"]
 
 # Concurrencies the model keeps a value for: dense where engines change fast (small batches,
-# the knee of a speculative batch), sparse past it.
-KNOTS: Final[tuple[int, ...]] = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128,
-                                 192, 256)  # fmt: skip
+# the knee of a speculative batch), sparse past it. Every two streams from 6 to 16: a knee
+# between 12 and 16 (an A100-class EAGLE verifying 6 tokens a stream turns compute-bound at
+# ~14) was drawn as a straight line to 16, flat enough that the policy overshot it
+# (docs/results/routing-sim-knots/).
+KNOTS: Final[tuple[int, ...]] = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 80,
+                                 96, 128, 192, 256)  # fmt: skip
 # Integer concurrencies up to here are tabulated when a curve is built: a decision reads a
 # value per candidate, so a lookup must not interpolate.
 TABLE_MAX: Final = KNOTS[-1]

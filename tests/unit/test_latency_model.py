@@ -84,8 +84,8 @@ def test_learns_a_known_curve_from_noisy_observations() -> None:
 def test_nothing_is_known_before_the_first_observation_which_sets_its_knots() -> None:
     learner = CurveLearner(memory=16)
     assert learner.points() == []
-    learner.observe(13, 0.010)  # between the knots 12 and 16: both take it, not 0
-    assert learner.points() == [(12, pytest.approx(0.010)), (16, pytest.approx(0.010))]
+    learner.observe(11, 0.010)  # between the knots 10 and 12: both take it, not 0
+    assert learner.points() == [(10, pytest.approx(0.010)), (12, pytest.approx(0.010))]
     assert not learner.observe(math.nan, 0.010)
     assert not learner.observe(8, -1.0)
 
