@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import statistics
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -308,6 +309,19 @@ def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["bench", "decision-cost", "--policy", "nope"])
     assert bad.exit_code == 2
     assert "unknown policy nope" in bad.output
+
+
+def test_decision_cost_bar_draws_from_no_thread_of_its_own() -> None:
+    """The bar over timed decisions is drawn when told, by the timing thread: no thread of its
+    own takes the interpreter's lock while a decision is timed."""
+    out = io.StringIO()
+    before = threading.active_count()
+    with decision_cost.still_bar(Console(file=out, force_terminal=True, width=80)) as bar:
+        task = bar.add_task("timing decisions", total=3)
+        assert threading.active_count() == before
+        bar.update(task, completed=2, refresh=True)
+        assert "2/3" in out.getvalue() or "67%" in out.getvalue()
+    assert threading.active_count() == before
 
 
 @pytest.mark.parametrize(("affinity", "at_least"), [(True, 0.95), (False, 0.0)])
