@@ -268,7 +268,7 @@ class TighterClasses:
     candidates each is placed at all (`most_streams`; counted when first asked: a decision
     whose first choice places no tighter class never needs it)."""
 
-    __slots__ = ("_able", "classes", "preds")
+    __slots__ = ("classes", "counted", "preds")
 
     def __init__(
         self, preds: Sequence[Prediction | None], loads: Sequence[BackendLoad], tpot_s: float
@@ -301,10 +301,10 @@ class TighterClasses:
             classes.append((s, log2(s) * _LN2, total))
         self.classes = classes
         self.preds = preds
-        self._able: dict[float, int] = {}
+        self.counted: dict[float, int] = {}  # what `able` counted, by ln TPOT SLO
 
     def able(self, log_s: float) -> int:
-        count = self._able.get(log_s)
+        count = self.counted.get(log_s)
         if count is None:
             count = 0
             for pred in self.preds:
@@ -316,7 +316,7 @@ class TighterClasses:
                     limit = most_streams(log_s, pred)
                 if limit:
                     count += 1
-            self._able[log_s] = count
+            self.counted[log_s] = count
         return count
 
 
@@ -413,36 +413,33 @@ def kept_for_tighter(
     if pred is None or not pred.frontier:
         return False
     at = (load.effective if streams is None else streams) + 1
-    # First as if each class's streams all belonged here, the most its share can be: where
-    # even that leaves room, so do the shares, and the candidates that place each class need
-    # not be counted (the answer only grows with the shares).
-    return _short(pred, load, at, tighter, False) and _short(pred, load, at, tighter, True)
-
-
-def _short(
-    pred: Prediction, load: BackendLoad, at: int, tighter: TighterClasses, shared: bool
-) -> bool:
-    """`kept_for_tighter` with the backend's streams and the request (`at`); each class's
-    streams shared out among the candidates that place it, or (not `shared`) all of them."""
+    # (A class's share is counted only where the class is placed here: a backend that places
+    # none never needs `able`.) A first pass as if each class's streams all belonged here, to
+    # spare `able` where even that leaves room, made the same decisions no faster
+    # (docs/results/decision-cost-one-pass): where a decision asks, the backend is most often
+    # kept, and both passes ran.
     needs: list[tuple[int, float]] = []  # (the class's limit there, its streams expected there)
-    memo = pred.limits
+    memo, counted, slos = pred.limits, tighter.counted, load.slos
     for s, log_s, total in tighter.classes:
         limit = memo.get(log_s)  # most_streams' memory, read without a call
         if limit is None:
             limit = most_streams(log_s, pred)
         if not limit:
             continue
-        share = total / tighter.able(log_s) if shared else total
+        able = counted.get(log_s)  # `able`'s memory, read without a call
+        share = total / (tighter.able(log_s) if able is None else able)
         own = 0
-        for slo, count in load.slos:  # one entry per SLO
+        for slo, count in slos:  # one entry per SLO
             if slo == s:
                 own = count
                 break
         if share > own:
             at += math.ceil(share - own - 1e-9)
-        needs.append((limit, share if share > own else own))
-    for limit, streams in needs:  # noqa: SIM110 (a generator costs more than the rest here)
-        if at + guard(streams, limit) > limit:
+            needs.append((limit, share))
+        else:
+            needs.append((limit, own))
+    for limit, expected in needs:  # noqa: SIM110 (a generator costs more than the rest here)
+        if at + guard(expected, limit) > limit:
             return True
     return False
 
