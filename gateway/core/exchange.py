@@ -113,6 +113,11 @@ class ConnectionWriter(Protocol):
 
     async def drain(self) -> None: ...
 
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole answer (its content-length added) in one write, without ASGI messages;
+        False, nothing written, where only `send` can write it."""
+        ...
+
     def held(self) -> AbstractContextManager[None]:
         """While in it, the answer's start (status line, headers) is held and written with the
         body's first bytes."""
@@ -206,6 +211,8 @@ class Exchange:
     body_filters: list[Callable[[bytes], bytes]] = field(default_factory=list)
     # The server's direct writes to the client (None: ASGI messages only).
     writer: ConnectionWriter | None = None
+    # Headers a stage puts on whatever answer the request gets (rate limits), after its own.
+    added_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     def set_field(self, key: str, value: object) -> None:
         """Change a field of the request as the engines will get it (the body re-encoded)."""
@@ -215,12 +222,19 @@ class Exchange:
     async def start_response(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers; the body follows with `send`."""
         self.responded = True
+        if self.added_headers:
+            headers = [*headers, *self.added_headers]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole response: `headers` get its content-length. Written in one piece where the
         server can (its start held for its body)."""
         body = self.filtered(body)
+        if self.writer is not None and self.writer.whole(
+            status, [*headers, *self.added_headers] if self.added_headers else headers, body
+        ):
+            self.responded = True
+            return
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         with _NOT_HELD if self.writer is None else self.writer.held():
             await self.start_response(status, headers)

@@ -28,7 +28,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -403,7 +403,7 @@ class Limits:
 
 
 def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
-    """The rate-limit headers go on the answer (the client's `send` wrapped), and the answer's
+    """The rate-limit headers go on the answer, and the answer's
     usage is read as it passes (the first of its body's filters: every stream carries usage,
     gateway.pipeline.usage asks for it where the client did not, and takes it out of what
     that client gets, after this)."""
@@ -414,13 +414,4 @@ def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
         return body
 
     ex.body_filters.insert(0, read_usage)
-    if not headers:
-        return
-    send = ex.send
-
-    async def with_headers(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message["headers"], *headers]}
-        await send(message)
-
-    ex.send = with_headers
+    ex.added_headers += headers

@@ -52,6 +52,8 @@ from typing import Any, Protocol
 import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
     STATUS_LINE,
     HttpToolsProtocol,
     RequestResponseCycle,
@@ -100,7 +102,10 @@ class ConnectionWriter:
     - `held`: an answer's start held for its body, one write (a system call and a packet) for a
       whole small answer instead of two: while in it, this object is the cycle's transport,
       holding the first write for the next.
-    The answer's start and its end still go through `send`."""
+    - `whole`: a whole answer with its content-length, start and body, in one write and
+      without `send`: its two messages, a regular expression per header name and per value
+      (one over all the names and one over all the values here), two coroutines.
+    A stream's start and its end still go through `send`."""
 
     __slots__ = ("_cycle", "_head", "_transport")
 
@@ -117,6 +122,44 @@ class ConnectionWriter:
             raise RuntimeError("a body chunk written outside a chunked answer in progress")
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return cycle.flow.write_paused
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole answer, `headers` without its content-length (added here), written as
+        `send` writes an `http.response.start` and an `http.response.body` message that ends
+        it, with the cycle's state left as `send` leaves it. False, nothing written, where
+        `send` must do it: the answer begun, a HEAD request (no body), an access log to
+        write, a client not reading (`send` waits for it), framing headers of the caller's, a
+        header `send` would refuse (it says why)."""
+        cycle = self._cycle
+        if cycle.disconnected:
+            return not cycle.response_started  # as `send` then: nothing written
+        if (cycle.response_started or cycle.flow.write_paused or cycle.access_log
+                or cycle.scope["method"] == "HEAD"):  # fmt: skip
+            return False
+        every = [*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))]
+        names = [name.lower() for name, _ in every]
+        if (b"content-length" in names[:-1] or b"transfer-encoding" in names
+                or HEADER_RE.search(b"".join(names))  # (a regular expression each in `send`)
+                or HEADER_VALUE_RE.search(b"\t".join([v for _, v in every]))):  # fmt: skip
+            return False  # (a tab is allowed in a value, so joining with one hides nothing)
+        out = [STATUS_LINE[status]]
+        closes = False
+        for name, (_, value) in zip(names, every, strict=True):
+            if name == b"connection" and b"close" in [t.lower().strip() for t in value.split(b",")]:
+                cycle.keep_alive, closes = False, True
+            out += [name, b": ", value, b"\r\n"]
+        if not cycle.keep_alive and not closes:
+            out.append(b"connection: close\r\n")
+        out += [b"\r\n", body]
+        cycle.response_started, cycle.waiting_for_100_continue = True, False
+        cycle.chunked_encoding, cycle.expected_content_length = False, 0
+        self._transport.write(b"".join(out))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self._transport.close()
+        cycle.on_response()
+        return True
 
     async def drain(self) -> None:
         cycle = self._cycle

@@ -19,6 +19,7 @@ class Transport:
 
     def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.closed = False
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -30,7 +31,7 @@ class Transport:
         return False
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
     def pause_reading(self) -> None:
         pass
@@ -39,14 +40,19 @@ class Transport:
         pass
 
 
-def cycle() -> tuple[RequestResponseCycle, Transport]:
+def cycle(
+    method: str = "POST", keep_alive: bool = True,
+    default_headers: list[tuple[bytes, bytes]] | None = None, access_log: bool = False,
+    on_response: Any = lambda: None,
+) -> tuple[RequestResponseCycle, Transport]:  # fmt: skip
     transport = Transport()
-    scope: Any = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    scope: Any = {"type": "http", "method": method, "path": "/v1/completions", "headers": []}
     c = RequestResponseCycle(
         scope=scope, transport=transport, flow=FlowControl(transport),  # type: ignore[arg-type]
         logger=logging.getLogger("test"), access_logger=logging.getLogger("test"),
-        access_log=False, default_headers=[], message_event=asyncio.Event(),
-        expect_100_continue=False, keep_alive=True, on_response=lambda: None,
+        access_log=access_log, default_headers=default_headers or [],
+        message_event=asyncio.Event(), expect_100_continue=False, keep_alive=keep_alive,
+        on_response=on_response,
     )  # fmt: skip
     return c, transport
 
@@ -142,3 +148,78 @@ async def test_a_start_held_with_no_body_after_it_is_still_written() -> None:
     assert len(written.written) == 1
     assert written.written[0].startswith(b"HTTP/1.1 200")
     assert c.transport is written
+
+
+SERVER = [(b"server", b"uvicorn"), (b"date", b"Fri, 04 Dec 2026 17:30:00 GMT")]
+
+
+@pytest.mark.parametrize(
+    ("headers", "keep_alive"),
+    [
+        ([(b"content-type", b"application/json"), (b"x-request-id", b"abc")], True),
+        ([(b"Content-Type", b"application/json"), (b"Retry-After", b"1")], True),  # any case
+        ([(b"content-type", b"application/json"), (b"connection", b"Close")], True),
+        ([(b"content-type", b"application/json")], False),  # the client asked to close
+        ([], True),
+        ([(b"x-note", b"a\tb")], True),  # a tab is allowed in a value
+    ],
+)
+async def test_a_whole_answer_is_the_bytes_and_the_state_send_leaves(
+    headers: list[tuple[bytes, bytes]], keep_alive: bool
+) -> None:
+    body = b'{"id": 1}'
+    responses: list[str] = []
+    by_send, sent = cycle(keep_alive=keep_alive, default_headers=SERVER,
+                          on_response=lambda: responses.append("send"))  # fmt: skip
+    await by_send.send({"type": "http.response.start", "status": 429,
+                        "headers": [*headers, (b"content-length", b"%d" % len(body))]})  # fmt: skip
+    await by_send.send({"type": "http.response.body", "body": body})
+
+    direct, written = cycle(keep_alive=keep_alive, default_headers=SERVER,
+                            on_response=lambda: responses.append("whole"))  # fmt: skip
+    assert ConnectionWriter(direct).whole(429, headers, body) is True
+    assert written.written == [b"".join(sent.written)]  # one write
+    for state in ("response_started", "response_complete", "keep_alive", "chunked_encoding",
+                  "expected_content_length", "waiting_for_100_continue"):  # fmt: skip
+        assert getattr(direct, state) == getattr(by_send, state), state
+    assert direct.message_event.is_set()
+    assert written.closed == sent.closed
+    assert responses == ["send", "whole"]
+
+
+@pytest.mark.parametrize(
+    ("why", "headers", "kwargs"),
+    [
+        ("a HEAD request: no body", [], {"method": "HEAD"}),
+        ("an access log to write", [], {"access_log": True}),
+        ("the caller's own length", [(b"content-length", b"2")], {}),
+        ("the caller's own framing", [(b"transfer-encoding", b"chunked")], {}),
+        ("a header name send refuses", [(b"bad name", b"x")], {}),
+        ("a header value send refuses", [(b"x-note", b"a\r\nb")], {}),
+    ],
+)
+async def test_a_whole_answer_send_must_write_is_left_to_it(
+    why: str, headers: list[tuple[bytes, bytes]], kwargs: dict[str, Any]
+) -> None:
+    c, written = cycle(**kwargs)
+    assert ConnectionWriter(c).whole(200, headers, b"{}") is False, why
+    assert written.written == []
+    assert not c.response_started
+
+
+async def test_a_whole_answer_waits_for_send_where_the_client_reads_slower() -> None:
+    c, written = cycle()
+    c.flow.pause_writing()
+    assert ConnectionWriter(c).whole(200, [], b"{}") is False  # `send` waits, then writes
+    assert written.written == []
+
+
+async def test_a_whole_answer_to_a_client_gone_writes_nothing() -> None:
+    c, written = cycle()
+    c.disconnected = True
+    assert ConnectionWriter(c).whole(200, [], b"{}") is True  # as `send` does: nothing
+    assert written.written == []
+    begun, _ = cycle()
+    await begun.send(WHOLE[0])
+    begun.disconnected = True
+    assert ConnectionWriter(begun).whole(200, [], b"{}") is False
