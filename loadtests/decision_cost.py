@@ -480,9 +480,8 @@ def still_bar(console: Console) -> Progress:
     thread, between runs. rich's default redraws it ten times a second from a thread of its
     own, which takes the interpreter's lock while decisions are timed: on a 2-CPU machine that
     doubled the `moving` scene's p99 as timed once with 16 backends (31-33 µs without it,
-    70-81 with it; its p50 and the least times did not move)."""
+    70-81 with it; its p50 and the least times did not move: docs/results/decision-cost-bar)."""
     return Progress(console=console, auto_refresh=False)
-
 
 
 def command(

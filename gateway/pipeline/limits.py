@@ -403,8 +403,8 @@ class Limits:
 
 
 def _watch(ex: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
-    """The rate-limit headers go on the answer, and the answer's
-    usage is read as it passes (the first of its body's filters: every stream carries usage,
+    """The rate-limit headers go on the answer, whoever gives it, and the answer's usage is
+    read as it passes (the first of its body's filters: every stream carries usage,
     gateway.pipeline.usage asks for it where the client did not, and takes it out of what
     that client gets, after this)."""
 
