@@ -268,7 +268,7 @@ class TighterClasses:
     candidates each is placed at all (`most_streams`; counted when first asked: a decision
     whose first choice places no tighter class never needs it)."""
 
-    __slots__ = ("classes", "counted", "preds")
+    __slots__ = ("_able", "classes", "preds")
 
     def __init__(
         self, preds: Sequence[Prediction | None], loads: Sequence[BackendLoad], tpot_s: float
@@ -301,10 +301,10 @@ class TighterClasses:
             classes.append((s, log2(s) * _LN2, total))
         self.classes = classes
         self.preds = preds
-        self.counted: dict[float, int] = {}  # what `able` counted, by ln TPOT SLO
+        self._able: dict[float, int] = {}
 
     def able(self, log_s: float) -> int:
-        count = self.counted.get(log_s)
+        count = self._able.get(log_s)
         if count is None:
             count = 0
             for pred in self.preds:
@@ -316,7 +316,7 @@ class TighterClasses:
                     limit = most_streams(log_s, pred)
                 if limit:
                     count += 1
-            self.counted[log_s] = count
+            self._able[log_s] = count
         return count
 
 
@@ -419,15 +419,14 @@ def kept_for_tighter(
     # (docs/results/decision-cost-one-pass): where a decision asks, the backend is most often
     # kept, and both passes ran.
     needs: list[tuple[int, float]] = []  # (the class's limit there, its streams expected there)
-    memo, counted, slos = pred.limits, tighter.counted, load.slos
+    memo, slos = pred.limits, load.slos
     for s, log_s, total in tighter.classes:
         limit = memo.get(log_s)  # most_streams' memory, read without a call
         if limit is None:
             limit = most_streams(log_s, pred)
         if not limit:
             continue
-        able = counted.get(log_s)  # `able`'s memory, read without a call
-        share = total / (tighter.able(log_s) if able is None else able)
+        share = total / tighter.able(log_s)
         own = 0
         for slo, count in slos:  # one entry per SLO
             if slo == s:
