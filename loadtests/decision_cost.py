@@ -405,6 +405,13 @@ def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
     return lines
 
 
+def routing_build() -> str:
+    """Which build of the routing modules this process timed (gateway.routing.native)."""
+    if Path(learned.__file__ or "").suffix == ".py":
+        return "source (interpreted)"
+    return "compiled with mypyc (gateway.routing.native)"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as markdown: the goals, the machine's own spread, then p50/p99 per scene,
     policy and size, every run's."""
@@ -428,7 +435,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Command: `{report['command']}`  ",
         f"Date: {report['date']}. Code: {code}. Machine: {report['machine']}, "
-        f"{report['nproc']} CPUs.  ",
+        f"{report['nproc']} CPUs. Routing modules: {report.get('build', 'source')}.  ",
         f"Each policy called in a loop on a snapshot with {report['inflight']} requests in "
         "flight and the latency model's predictions in it, one per backend "
         "(loadtests.decision_cost), with 3 and 16 backends, in three scenes: `moving` (requests "
@@ -547,7 +554,8 @@ def command(
         f" --policy {n}" for n in names
     )
     header = run_header(f"tiergate bench decision-cost {flags}", options, ())
-    report = {**header, "revision": revision(("gateway", "loadtests/decision_cost.py")), **report}
+    report = {**header, "revision": revision(("gateway", "loadtests/decision_cost.py")),
+              "build": routing_build(), **report}  # fmt: skip
     text = markdown(report)
     console.print(text)
     if out is not None:

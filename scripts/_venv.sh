@@ -20,8 +20,11 @@ if [ ! -x .venv/bin/python ]; then
     fi
 fi
 [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q --disable-pip-version-check uv
-extras=()
+extras=(--extra native)
 for e in "$@"; do extras+=(--extra "$e"); done
 # --inexact keeps uv itself (and anything else the user added) in the venv.
 UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync -q --frozen --inexact "${extras[@]}"
 export PATH="$root/.venv/bin:$PATH"
+# The routing modules compiled with mypyc where a C compiler is found (rebuilt only when their
+# sources change); without one, or if the build fails, the gateway runs them from source.
+.venv/bin/python -m tiergate.native || true

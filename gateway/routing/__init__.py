@@ -4,17 +4,27 @@ Stages, each pure and tested on its own: ``filters`` (who may take the request),
 (who has room), ``order`` (in what order); the policies built from them: ``golden``,
 ``baselines`` and ``learned`` (which reads the latency model's predictions, ``curves``);
 ``policies`` (the catalog), ``params`` (the names and parameters, defined once).
+
+The modules on a decision's path come from their compiled build where one matches these sources
+(``native``): it is searched first.
 """
 
-from gateway.routing.params import (
+import os
+from pathlib import Path
+
+from gateway.routing.native import build_path
+
+__path__[:0] = build_path(Path(__file__).parent, os.environ)
+
+from gateway.routing.params import (  # noqa: E402 (after the search path is set)
     DEFAULT_POLICY,
     POLICY_NAMES,
     ParamError,
     PolicyName,
     PolicyParams,
 )
-from gateway.routing.policies import POLICIES, Policy, build_policy
-from gateway.routing.types import (
+from gateway.routing.policies import POLICIES, Policy, build_policy  # noqa: E402
+from gateway.routing.types import (  # noqa: E402
     Backend,
     BackendLoad,
     Decision,

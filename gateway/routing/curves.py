@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gateway.routing.frozen import rebuilt
+
 __all__ = ["KNOTS", "TABLE_MAX", "UNKNOWN_CURVE", "Curve", "Prediction"]
 
 # Concurrencies the model keeps a value for: dense where engines change fast (small batches,
@@ -99,8 +101,11 @@ class Curve:
         best, dist = 0.0, math.inf
         for k, e in zip(KNOTS, self.evidence, strict=True):
             if abs(k - n) < dist:
-                best, dist = e, abs(k - n)
+                best, dist = e, float(abs(k - n))  # (a float throughout, as compiled)
         return best
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)
 
 
 UNKNOWN_CURVE: Final = Curve((0.0,) * len(KNOTS))
@@ -164,3 +169,6 @@ class Prediction:
     @property
     def known(self) -> bool:
         return self.frontier > 0
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)

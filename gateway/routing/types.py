@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gateway.routing.frozen import rebuilt
 
 if TYPE_CHECKING:
     from gateway.routing.curves import Prediction
@@ -69,6 +71,9 @@ class Backend:
     role: Role
     models: frozenset[str]
 
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)
+
 
 @dataclass(frozen=True, slots=True)
 class BackendLoad:
@@ -104,6 +109,9 @@ class BackendLoad:
         if at is not None:
             return self.inflight + queued - at if queued > at else self.inflight
         return queued if queued > self.inflight else self.inflight
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)
 
 
 def by_tier(backends: Sequence[Backend]) -> tuple[tuple[Backend, ...], ...]:
@@ -160,6 +168,9 @@ class LoadSnapshot:
     def load(self, url: str) -> BackendLoad:
         return self.by_url.get(url, UNKNOWN_LOAD)
 
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)
+
 
 @dataclass(frozen=True, slots=True)
 class Slo:
@@ -172,6 +183,9 @@ class Slo:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_tpot", math.log(self.tpot_s) if self.tpot_s > 0 else -1e9)
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)
 
 
 _DEFAULT_SLO = Slo()
@@ -203,6 +217,9 @@ class RouterState:
 
     latency_open: bool = True  # hysteresis: is the latency tier accepting work
     rr: int = 0  # round-robin position
+
+    def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
+        return rebuilt(self)
 
 
 class Decision(NamedTuple):
