@@ -64,14 +64,15 @@ def current(pkg: Path) -> bool:
 def build(pkg: Path, log: Path) -> Path:
     """Compile `native.COMPILED` of `pkg` into its build folder, with the manifest that lets the
     package import them. Raises CalledProcessError (the compiler's output in `log`)."""
-    sources = native.fingerprint(pkg)
     with tempfile.TemporaryDirectory(prefix="tiergate-native-") as tmp:
         work = Path(tmp)
         copy = work / "gateway" / "routing"
         copy.mkdir(parents=True)
         (work / "gateway" / "__init__.py").write_text("")
-        for name in sources:
-            shutil.copy2(pkg / name, copy / name)
+        for source in pkg.glob("*.py"):
+            shutil.copy2(source, copy / source.name)
+        # What was compiled: a source edited meanwhile no longer matches, and is imported.
+        sources = native.fingerprint(copy)
         paths = [f"gateway/routing/{m}.py" for m in native.COMPILED]
         with log.open("w") as out:
             subprocess.run([sys.executable, "-c", _SETUP, *paths], cwd=work, stdout=out,
