@@ -28,14 +28,17 @@ decisions computed from it until the model learns again (gateway.routing.curves.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import multiprocessing
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 import typer
 from rich.console import Console
@@ -321,22 +324,54 @@ def decision_alone(
 GOALS_P99_US: Final = {3: 20.0, 16: 40.0}
 
 
+T = TypeVar("T")
+Measure = Callable[[Sequence[str], int, int, Sequence[int], str], tuple[Samples, list[int]]]
+
+
+class FreshProcesses:
+    """`one_run` in a process of its own each time, started afresh (spawned: nothing inherited
+    but the environment), one at a time. Where a process's memory lies, and on a shared
+    machine how fast its CPU runs for a while, move one process's timings by several percent
+    or more (docs/results/decision-cost-one-pass, decision-cost-compiled): runs in one process
+    share its draw, runs in fresh processes each get their own."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a new process (`fn` and the arguments picklable)."""
+        return self.pool.submit(fn, *args).result()
+
+    def __call__(self, policies: Sequence[str], rounds: int, per_round: int,
+                 sizes: Sequence[int], scene: str) -> tuple[Samples, list[int]]:  # fmt: skip
+        return self.call(one_run, policies, rounds, per_round, sizes, scene)
+
+    def __enter__(self) -> FreshProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
 def repeated(
     policies: Sequence[str], runs: int, per_round: int, progress: Callable[[int], None],
-    replays: int = 1,
+    replays: int = 1, measure: Measure = one_run,
 ) -> dict[str, Any]:  # fmt: skip
-    """`one_run` in every scene, `runs` times over (`progress(done)` after each): one run's
-    percentiles move with what else the machine does, so a figure is the median of the runs',
-    with each run's beside it. With `replays` > 1 every run of every scene is made that many
-    times, a whole pass of them after another, so that a decision's replays lie minutes apart
-    (a machine that slows for a while slows them all only if it is slow throughout)."""
+    """`one_run` in every scene, `runs` times over (`progress(done)` after each), each by
+    `measure` (in this process, or `FreshProcesses`): one run's percentiles move with what
+    else the machine does, so a figure is the median of the runs', with each run's beside it.
+    With `replays` > 1 every run of every scene is made that many times, a whole pass of them
+    after another, so that a decision's replays lie minutes apart (a machine that slows for a
+    while slows them all only if it is slow throughout); the same decisions each time, in
+    whichever process."""
     once: dict[tuple[int, str], tuple[Samples, list[int]]] = {}
     least: dict[tuple[int, str], Samples] = {}
     done = 0
     for replay in range(replays):
         for i in range(runs):
             for scene in SCENES:
-                samples, steady = one_run(policies, ROUNDS, per_round, SIZES, scene)
+                samples, steady = measure(policies, ROUNDS, per_round, SIZES, scene)
                 if replay == 0:
                     once[(i, scene)] = samples, steady
                     least[(i, scene)] = dict(samples)
@@ -369,7 +404,8 @@ def repeated(
                 summary.setdefault(scene, {}).setdefault(name, {})[size] = cell
     steady_all = spread([r[scene]["steady"] for r in each for scene in SCENES])
     return {"inflight": _INFLIGHT, "refit_every": REFIT_EVERY, "replays": replays, "runs": each,
-            "summary": summary, "steady": steady_all}  # fmt: skip
+            "summary": summary, "steady": steady_all,
+            "fresh_processes": isinstance(measure, FreshProcesses)}  # fmt: skip
 
 
 def goal_lines(report: dict[str, Any], policy: str = "learned") -> list[str]:
@@ -445,7 +481,10 @@ def markdown(report: dict[str, Any]) -> str:
         "forgetting what they remembered), `fixed` (one snapshot: every outlook remembered "
         "after the first decision) and `cold` (one snapshot, every outlook forgotten before "
         f"each decision). Each run is {ROUNDS} rounds per scene whose policy order rotates, after "
-        "`gc.freeze()` as the gateway's process does. A run's 99th percentile moves with what "
+        "`gc.freeze()` as the gateway's process does"
+        + (", each run of each scene (and each replay of it) in a process of its own, started "
+           "afresh" if report.get("fresh_processes") else ", all in one process")
+        + ". A run's 99th percentile moves with what "
         "else the machine does: the figures are the median of the runs, each run's beside it."
         + replayed,
         "",
@@ -517,6 +556,15 @@ def command(
             "meanwhile). 1: timed once.",
         ),
     ] = 3,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh-processes/--one-process",
+            help="Each run of each scene (and each replay of it) in a process of its own, "
+            "started afresh, or all in this one: a process's memory layout, and on a shared "
+            "machine its CPU's speed for a while, move all its timings together.",
+        ),
+    ] = True,
     out: Annotated[Path | None, typer.Option(help="Folder for decision-cost.md/.json.")] = None,
 ) -> None:
     """The CPU cost of one routing decision alone, per policy, with 3 and 16 backends: each
@@ -540,19 +588,22 @@ def command(
     if "learned" not in names:
         names = ("learned", *names)  # the goals are the learned policy's
     console = Console()
-    with still_bar(console) as bar:
+    with still_bar(console) as bar, contextlib.ExitStack() as stack:
         task = bar.add_task("timing decisions", total=runs * len(SCENES) * replays)
+        measure = stack.enter_context(FreshProcesses()) if fresh else one_run
         report = repeated(
             names,
             runs,
             max(1, calls // 5),
             lambda done: bar.update(task, completed=done, refresh=True),
             replays,
+            measure,
         )
-    options = {"runs": runs, "calls": calls, "replays": replays, "policy": list(names)}
+    options = {"runs": runs, "calls": calls, "replays": replays, "policy": list(names),
+               "fresh_processes": fresh}  # fmt: skip
     flags = f"--runs {runs} --calls {calls} --replays {replays}" + "".join(
         f" --policy {n}" for n in names
-    )
+    ) + ("" if fresh else " --one-process")
     header = run_header(f"tiergate bench decision-cost {flags}", options, ())
     report = {**header, "revision": revision(("gateway", "loadtests/decision_cost.py")),
               "build": routing_build(), **report}  # fmt: skip

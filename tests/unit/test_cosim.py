@@ -291,7 +291,8 @@ def test_the_moving_scene_keeps_its_streams_and_moves_them_where_decisions_send_
 
 
 def test_bench_decision_cost_writes_its_runs(tmp_path: Path) -> None:
-    args = ["bench", "decision-cost", "--runs", "2", "--calls", "10", "--policy", "least-loaded"]
+    args = ["bench", "decision-cost", "--runs", "2", "--calls", "10", "--policy", "least-loaded",
+            "--one-process"]  # (each in a fresh process: tests/integration/test_decision_cost.py)
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "decision-cost.json").read_text())
