@@ -83,9 +83,7 @@ def build(pkg: Path, log: Path) -> Path:
         folder.mkdir()
         for so in built:
             shutil.copy2(so, folder / so.name)
-    manifest = {"ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"), "sources": sources,
-                "modules": list(native.COMPILED)}  # fmt: skip
-    (folder / native.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (folder / native.MANIFEST).write_text(json.dumps(native.manifest(sources), indent=2) + "\n")
     return folder
 
 

@@ -19,8 +19,9 @@ import json
 import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["COMPILED", "FOLDER", "MANIFEST", "build_path", "fingerprint"]
+__all__ = ["COMPILED", "FOLDER", "MANIFEST", "build_path", "fingerprint", "manifest"]
 
 # The modules a routing decision runs through, compiled together. (Not `params`: its pydantic
 # model is built and validated by pydantic at run time; nor this module.)
@@ -40,6 +41,13 @@ def fingerprint(package: Path) -> dict[str, str]:
     }
 
 
+def manifest(sources: Mapping[str, str]) -> dict[str, Any]:
+    """What a build of `sources` (their `fingerprint`) for this interpreter records beside it,
+    and what the package finds there when the build is current."""
+    return {"ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"), "sources": dict(sources),
+            "modules": list(COMPILED)}  # fmt: skip
+
+
 def build_path(package: Path, env: Mapping[str, str]) -> list[str]:
     """The folder to search for the package's modules before its own (as a one-item list to
     put at the front of the package's `__path__`), or no folder: when `TIERGATE_COMPILED` is
@@ -49,11 +57,7 @@ def build_path(package: Path, env: Mapping[str, str]) -> list[str]:
         return []
     folder = package / FOLDER
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        ok = (
-            manifest["ext_suffix"] == sysconfig.get_config_var("EXT_SUFFIX")
-            and manifest["sources"] == fingerprint(package)
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+        built = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
         return []
-    return [str(folder)] if ok else []
+    return [str(folder)] if built == manifest(fingerprint(package)) else []

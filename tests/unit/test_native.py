@@ -9,7 +9,6 @@ import os
 import pickle
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,13 @@ from gateway.routing import native
 from gateway.routing.curves import UNKNOWN_CURVE, Curve, Prediction
 from gateway.routing.types import Backend, BackendLoad, Role, RouterState, Slo
 
-SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
-
 
 def _package(tmp_path: Path, **manifest: Any) -> Path:
     pkg = tmp_path / "routing"
     (pkg / native.FOLDER).mkdir(parents=True)
     (pkg / "learned.py").write_text("x = 1\n")
     (pkg / "types.py").write_text("y = 2\n")
-    body = {"ext_suffix": SUFFIX, "sources": native.fingerprint(pkg), **manifest}
+    body = {**native.manifest(native.fingerprint(pkg)), **manifest}
     (pkg / native.FOLDER / native.MANIFEST).write_text(json.dumps(body))
     return pkg
 
