@@ -23,14 +23,16 @@ import asyncio
 import shlex
 import sys
 import tempfile
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import aiohttp
 import typer
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from loadtests.common.options import setup_logging
@@ -47,13 +49,15 @@ from loadtests.common.report import (
 from loadtests.common.stats import json_safe, median, rotation
 from loadtests.harness.stack import MODEL, start_stack
 
-__all__ = ["ARMS", "Chat", "Options", "converse", "run"]
+__all__ = ["ARMS", "Chat", "Options", "converse", "run", "tally"]
 
 DEFAULTS, OFF = "tiergate", "no-affinity"
 ARMS = (DEFAULTS, OFF)
 PHASES = ("solo", "crowd")
 GOAL = 0.95  # of later turns at home, with the defaults
 SYSTEM = " ".join(f"rule-{i} of the assistant" for i in range(80))  # ~320 words
+# The engines' own per-request TPOT histogram (vLLM's name, which the simulator exports too).
+TPOT = "vllm:request_time_per_output_token_seconds"
 
 
 @dataclass
@@ -115,13 +119,74 @@ def measure(chats: Sequence[Chat]) -> dict[str, Any]:
     }
 
 
-async def _phases(url: str, opts: Options) -> dict[str, dict[str, Any]]:
+def tally(text: str, slo_s: float) -> tuple[float, float, float]:
+    """From an engine's metrics page: (requests it finished, those whose TPOT was within
+    `slo_s`, the sum of their TPOTs) so far, by its own per-request TPOT histogram. Within:
+    the count at the largest bucket bound not above `slo_s` (exact where a bound is the SLO,
+    as 0.025 is for the default 25 ms; a lower bound otherwise)."""
+    served = total = 0.0
+    below: dict[float, float] = {}  # bucket bound -> count, summed over the engine's models
+    for family in text_string_to_metric_families(text):
+        if family.name != TPOT:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_count"):
+                served += sample.value
+            elif sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_bucket"):
+                bound = float(sample.labels["le"])
+                if bound <= slo_s:
+                    below[bound] = below.get(bound, 0.0) + sample.value
+    return served, below[max(below)] if below else 0.0, total
+
+
+async def _tallies(session: aiohttp.ClientSession, engines: Sequence[str], slo_s: float
+                   ) -> list[tuple[float, float, float]]:  # fmt: skip
+    out = []
+    for url in engines:
+        async with session.get(f"{url}/metrics") as resp:
+            out.append(tally(await resp.text(), slo_s))
+    return out
+
+
+async def _phase(session: aiohttp.ClientSession, engines: Sequence[str], slo_s: float,
+                 chats: Awaitable[Sequence[Chat]]) -> dict[str, Any]:  # fmt: skip
+    """`chats` (the phase, awaited here) measured, with what the engines saw of it: the
+    requests each finished meanwhile, those within the gateway's default TPOT SLO (every
+    request here has it), their mean TPOT, and the phase's seconds. (Whether turns that left
+    their first turn's instance served the phase worse or better.)"""
+    before = await _tallies(session, engines, slo_s)
+    started = time.perf_counter()
+    done = await chats
+    seconds = time.perf_counter() - started
+    after = await _tallies(session, engines, slo_s)
+    diffs = [(s1 - s0, w1 - w0, t1 - t0)
+             for (s0, w0, t0), (s1, w1, t1) in zip(before, after, strict=True)]  # fmt: skip
+    return measure(done) | {
+        "seconds": seconds,
+        "engines": [{"served": n, "within_slo": w, "mean_tpot_ms": 1000 * t / n if n else None}
+                    for n, w, t in diffs],
+        "served": sum(n for n, _, _ in diffs),
+        "within_slo": sum(w for _, w, _ in diffs),
+    }  # fmt: skip
+
+
+async def _phases(url: str, engines: Sequence[str], opts: Options) -> dict[str, dict[str, Any]]:
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        solo = [await converse(session, url, f"solo-{i}", opts) for i in range(opts.solo)]
-        crowd = await asyncio.gather(*(converse(session, url, f"crowd-{i}", opts)
-                                       for i in range(opts.crowd)))  # fmt: skip
-    return {"solo": measure(solo), "crowd": measure(crowd)}
+        async with session.get(f"{url}/state") as resp:
+            slo_s = (await resp.json())["slo_tpot_ms"] / 1000
+
+        async def solo() -> list[Chat]:
+            return [await converse(session, url, f"solo-{i}", opts) for i in range(opts.solo)]
+
+        async def crowd() -> list[Chat]:
+            return await asyncio.gather(*(converse(session, url, f"crowd-{i}", opts)
+                                          for i in range(opts.crowd)))  # fmt: skip
+
+        return {"solo": await _phase(session, engines, slo_s, solo()),
+                "crowd": await _phase(session, engines, slo_s, crowd())}  # fmt: skip
 
 
 def one(arm: str, opts: Options, workdir: Path) -> dict[str, dict[str, Any]]:
@@ -134,7 +199,7 @@ def one(arm: str, opts: Options, workdir: Path) -> dict[str, dict[str, Any]]:
                         latency_args=("--prefix-caching",),
                         throughput_args=("--prefix-caching",), **settings)  # fmt: skip
     try:
-        return asyncio.run(_phases(stack.gateway.url, opts))
+        return asyncio.run(_phases(stack.gateway.url, [e.url for e in stack.sims], opts))
     finally:
         stack.stop()
 
@@ -154,6 +219,9 @@ def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any
                 "instances_rounds": [c["instances"] for c in cells],
                 "first_turns_rounds": [c["first_turns"] for c in cells],
                 "cached_share_median": median([c["cached_share"] for c in cells]),
+                "within_slo_rounds": [c["within_slo"] for c in cells],
+                "served_rounds": [c["served"] for c in cells],
+                "seconds_rounds": [c["seconds"] for c in cells],
             }
     return out
 
@@ -225,12 +293,20 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                if arms[OFF][p]["share_median"] else "-"] for p in PHASES]  # fmt: skip
     per_round = [[a, p, " / ".join(_share(s) for s in f["share_rounds"])]
                  for a, by in arms.items() for p, f in by.items()]  # fmt: skip
+    engines = [[a, p, " / ".join(_share(s) for s in f["share_rounds"]),
+                " / ".join(f"{w:.0f}/{n:.0f}" for w, n in zip(f["within_slo_rounds"],
+                                                           f["served_rounds"], strict=True)),
+                " / ".join(f"{x:.2f}" for x in f["seconds_rounds"])]
+               for a, by in arms.items() for p, f in by.items()]  # fmt: skip
     return [
         ("Goals", ["goal", "measured", "verdict"], goals),
         ("Later turns on their first turn's instance (rounds pooled)", head, rows),
         (f"Share at home, {DEFAULTS} / {OFF}", ["phase", "ratio"], ratios),
         ("Each round's share at home", ["arm", "phase", "per round"], per_round),
-    ]
+        ("Each round as the engines saw it",
+         ["arm", "phase", "share at home", "requests within the TPOT SLO / finished",
+          "seconds"], engines),
+    ]  # fmt: skip
 
 
 def markdown(saved: JsonReport, chart_file: Path | None) -> str:
@@ -254,6 +330,10 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         f"{s['crowd']} at once. {s['rounds']} rounds, the arms' order rotating.",
         f"- Arms: `{DEFAULTS}` (the gateway's defaults: prefix affinity on), `{OFF}` "
         "(`policy.prefix_affinity: false`).",
+        "- As the engines saw each phase: the requests they finished meanwhile and those whose "
+        "TPOT was within the gateway's default TPOT SLO, by each engine's own per-request TPOT "
+        f"histogram (`{TPOT}`), and the phase's seconds: whether turns that left their first "
+        "turn's instance served the phase worse or better.",
     ]
     chart = None if chart_file is None else (chart_file, "share of later turns at home")
     return finish_markdown(parts, report["notes"], tables(report), chart)

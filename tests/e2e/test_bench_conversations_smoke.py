@@ -27,9 +27,14 @@ def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
         assert set(by) == set(PHASES)
         assert by["solo"]["later_turns"] == 2 * 2
         assert by["crowd"]["later_turns"] == 4 * 2
-        for f in by.values():
+        for phase, f in by.items():
             assert 0 <= f["at_home"] <= f["later_turns"]
             assert len(f["share_rounds"]) == 1
+            # Every turn of the phase finished on some engine, by the engines' own count.
+            chats = opts.solo if phase == "solo" else opts.crowd
+            assert f["served_rounds"] == [chats * opts.turns]
+            assert 0 <= f["within_slo_rounds"][0] <= f["served_rounds"][0]
+            assert f["seconds_rounds"][0] > 0
     # One chat at a time with the defaults: every later turn at home, most of its prompt cached
     # there (the system prompt and the turns before it).
     solo = arms[DEFAULTS]["solo"]
@@ -39,3 +44,4 @@ def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "conversations.json").read_text()) == report
     md = (tmp_path / "conversations.md").read_text()
     assert "## Each round's share at home" in md
+    assert "## Each round as the engines saw it" in md
