@@ -12,7 +12,9 @@ Arms: `tiergate` (the defaults: prefix affinity on) and `no-affinity`
 (`policy.prefix_affinity: false`: the policy alone). Per arm and phase: the later turns served
 by the instance of their chat's first turn, the instances the first turns used, and the share
 of the later turns' prompt tokens the engines found cached (usage's
-`prompt_tokens_details.cached_tokens`). The goal (issue: conversations stick by default):
+`prompt_tokens_details.cached_tokens`); and, as the engines saw the phase, the requests they
+finished, those within the gateway's TPOT SLO by their own per-request TPOT histograms, and
+the phase's seconds (whether turns that moved served worse or better). The goal:
 >= 95% of later turns at home in both phases with the defaults, the crowd on more than one
 instance.
 """
