@@ -103,7 +103,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 class ConnectionWriter(Protocol):
     """The server's direct writes to the client's connection (gateway.serve.server), for what
     the gateway writes most: a stream's chunks (one per chunk the engine sends, so what it
-    saves is saved per token) and whole answers (one write instead of two)."""
+    saves is saved per token), its start and end, and whole answers (one write instead of
+    two)."""
 
     def chunk(self, body: bytes) -> bool:
         """What an ASGI `http.response.body` message with more to come does, without the
@@ -116,6 +117,20 @@ class ConnectionWriter(Protocol):
     def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """A whole answer (its content-length added) in one write, without ASGI messages;
         False, nothing written, where only `send` can write it."""
+        ...
+
+    def begin(self, status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+        """A chunked answer's start (its transfer-encoding added), held for the first `chunk`,
+        `end` or `flush`; False, nothing written, where only `send` can write it."""
+        ...
+
+    def flush(self) -> None:
+        """The start `begin` held, written now (nothing when none is held)."""
+        ...
+
+    def end(self, tail: bytes) -> None:
+        """What an `http.response.body` message that ends a chunked answer does: `tail` (may
+        be empty) as its last chunk, and its end."""
         ...
 
     def held(self) -> AbstractContextManager[None]:
@@ -225,6 +240,25 @@ class Exchange:
         if self.added_headers:
             headers = [*headers, *self.added_headers]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def start_stream(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """A 200 stream's status line and headers; its chunks follow (`writer.chunk` or
+        `send`). Held for the first chunk where the server can (`ConnectionWriter.begin`):
+        the caller writes a chunk or `writer.flush()`es before it waits for anything."""
+        self.responded = True
+        if self.added_headers:
+            headers = [*headers, *self.added_headers]
+        if self.writer is None or not self.writer.begin(200, headers):
+            await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def end_stream(self, tail: bytes) -> None:
+        """A stream's last bytes (through `body_filters`) and its end."""
+        if self.writer is not None:
+            self.writer.end(self.filtered(tail) if tail else tail)
+            return
+        if tail:
+            await self.send_body(tail, more=True)
+        await self.send_body(b"")
 
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole response: `headers` get its content-length. Written in one piece where the

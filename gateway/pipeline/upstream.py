@@ -26,8 +26,8 @@ import aiohttp
 from gateway.backends.registry import BackendEntry, Lease, Registry
 from gateway.config.settings import Settings
 from gateway.core.errors import error_json
-from gateway.core.exchange import Exchange, Trace
-from gateway.core.http1 import Http1Pool
+from gateway.core.exchange import ConnectionWriter, Exchange, Trace
+from gateway.core.http1 import Http1Pool, Http1Response
 from gateway.core.transport import UpstreamResponse
 from gateway.observe.telemetry import Telemetry
 from gateway.pipeline.continuation import SplicedRelay, continued_body, replay, whole_events
@@ -179,7 +179,7 @@ class Upstream:
                     await ex.answer(ex.status, headers, body)
                     return
                 headers.append((b"content-type", ctype))
-                await ex.start_response(200, headers)
+                await ex.start_stream(headers)
                 if self.continuation.enabled and ex.headers.get(_CONTINUE) not in _OFF:
                     ex.transcript = []
                 relay = wire.relay(ex)
@@ -200,7 +200,7 @@ class Upstream:
                 _uncancel()  # the drain's deadline came while it was being continued
                 failed, status = ex.cut_reason, 503
             if failed is not None:
-                await self._end(ex, relay.fail(failed, status))
+                await ex.end_stream(relay.fail(failed, status))
 
     async def _open(
         self, ex: Exchange, lease: Lease, request: tuple[str, bytes], hedge: bool = True
@@ -415,32 +415,29 @@ class Upstream:
         and noting each chunk's arrival for the watchdog. Only whole SSE events go out, so a
         stream that breaks can be ended or continued cleanly. None when the engine ended the
         stream (it is finished then); why it broke otherwise (the caller ends it)."""
-        send, chunk, clock, transcript = ex.send, first, self.clock, ex.transcript
-        filters, writer = ex.body_filters, ex.writer
-        held, last = b"", b""
+        writer = ex.writer
+        events = _Events(ex, relay, lease, self.clock, writer)
         try:
-            while chunk:
-                lease.last_io = now = clock()
-                out, text = relay.feed(chunk)
-                if text:
-                    if ex.first_text_at is None:
-                        ex.first_text_at = now
-                    ex.last_text_at = now
-                if held or (out and not out.endswith(b"\n\n")):
-                    out, held = whole_events(held, out)
-                if out:
-                    if transcript is not None:
-                        transcript.append(out)
-                    last = out
-                    for f in filters:
-                        out = f(out)
-                    if writer is None:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                    elif out and writer.chunk(out):
-                        await writer.drain()
-                chunk = await resp.content.readany()
+            if writer is not None and isinstance(resp, Http1Response):
+                # Each later piece written from the engine connection's own callback.
+                if events.write(first):
+                    await writer.drain()
+                writer.flush()  # the stream's start, held for a first chunk not yet whole
+                await resp.pump(events.write, writer.drain)
+            else:
+                chunk = first
+                while chunk:
+                    if out := events(chunk):
+                        if writer is None:
+                            await ex.send({"type": "http.response.body", "body": out,
+                                           "more_body": True})  # fmt: skip
+                        elif writer.chunk(out):
+                            await writer.drain()
+                    if writer is not None:
+                        writer.flush()
+                    chunk = await resp.content.readany()
             tail = relay.close()
-            if transcript is not None and not (last + tail).endswith(_DONE_EVENT):
+            if ex.transcript is not None and not (events.last + tail).endswith(_DONE_EVENT):
                 raise aiohttp.ClientPayloadError("the stream ended before [DONE]")
         except (aiohttp.ClientError, TimeoutError) as e:
             self._count(ex, relay)
@@ -453,12 +450,12 @@ class Upstream:
                 raise  # the client went away: nothing to tell it
             _uncancel()
             ex.midstream_error = "cut_gateway"
-            await self._end(ex, relay.fail(ex.cut_reason, 503))
+            await ex.end_stream(relay.fail(ex.cut_reason, 503))
             return None
         self._count(ex, relay)
         if relay.engine_error and ex.midstream_error is None:
             ex.midstream_error = "engine_error"
-        await self._end(ex, tail)
+        await ex.end_stream(tail)
         return None
 
     def _broken(self, ex: Exchange, lease: Lease, error: str, message: str) -> str:
@@ -472,12 +469,6 @@ class Upstream:
     def _count(ex: Exchange, relay: StreamRelay) -> None:
         """The stream's counts, for telemetry: a continuation's relay counts the whole."""
         ex.text_events, ex.output_tokens = relay.text_events, relay.completion_tokens
-
-    @staticmethod
-    async def _end(ex: Exchange, tail: bytes) -> None:
-        if tail:
-            await ex.send_body(tail, more=True)
-        await ex.send_body(b"")
 
     # -- continuation ----------------------------------------------------------------------
     async def _continue(self, ex: Exchange, broken: str) -> str | None:
@@ -553,3 +544,45 @@ class Upstream:
                                    f"(last failure: {why})")  # fmt: skip
             headers.append((b"content-type", b"application/json"))
         await ex.answer(ex.status, headers, body)
+
+
+class _Events:
+    """A stream's pieces as the engine sent them, into whole SSE events for the client: each
+    piece noted for the watchdog, its text timed, kept for a continuation, filtered."""
+
+    __slots__ = (
+        "clock", "ex", "filters", "held", "last", "lease", "relay", "transcript", "writer",
+    )  # fmt: skip
+
+    def __init__(
+        self, ex: Exchange, relay: StreamRelay, lease: Lease, clock: Any,
+        writer: ConnectionWriter | None,
+    ) -> None:  # fmt: skip
+        self.ex, self.relay, self.lease, self.clock, self.writer = ex, relay, lease, clock, writer
+        self.filters, self.transcript = ex.body_filters, ex.transcript
+        self.held = self.last = b""  # a piece of an event not yet whole; the last events out
+
+    def __call__(self, chunk: bytes) -> bytes:
+        """What of `chunk` goes to the client now (b"": nothing yet)."""
+        self.lease.last_io = now = self.clock()
+        out, text = self.relay.feed(chunk)
+        if text:
+            ex = self.ex
+            if ex.first_text_at is None:
+                ex.first_text_at = now
+            ex.last_text_at = now
+        if self.held or (out and not out.endswith(b"\n\n")):
+            out, self.held = whole_events(self.held, out)
+        if out:
+            if self.transcript is not None:
+                self.transcript.append(out)
+            self.last = out
+            for f in self.filters:
+                out = f(out)
+        return out
+
+    def write(self, chunk: bytes) -> bool:
+        """`chunk`'s whole events to the writer (`Http1Response.pump`'s sink): True when the
+        client reads slower than it is written."""
+        out = self(chunk)
+        return bool(out) and cast("ConnectionWriter", self.writer).chunk(out)

@@ -105,14 +105,17 @@ class ConnectionWriter:
     - `whole`: a whole answer with its content-length, start and body, in one write and
       without `send`: its two messages, a regular expression per header name and per value
       (one over all the names and one over all the values here), two coroutines.
-    A stream's start and its end still go through `send`."""
+    - `begin` and `end`: a chunked answer's (a stream's) start and end, as `send` writes them
+      without its messages and checks; the start held for the first chunk (one write for
+      both) until `flush`."""
 
-    __slots__ = ("_cycle", "_head", "_transport")
+    __slots__ = ("_cycle", "_head", "_start", "_transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
         self._transport: asyncio.Transport = cycle.transport
         self._head: bytes | None = None
+        self._start: bytes | None = None  # a chunked answer's start, held for its first chunk
 
     def chunk(self, body: bytes) -> bool:
         cycle = self._cycle
@@ -120,28 +123,74 @@ class ConnectionWriter:
             return False  # as `send` does: the app learns it through CLIENT_GONE
         if not cycle.chunked_encoding or cycle.response_complete:
             raise RuntimeError("a body chunk written outside a chunked answer in progress")
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        start = self._start
+        if start is None:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        else:
+            self._start = None
+            cycle.transport.write(b"%b%x\r\n%b\r\n" % (start, len(body), body))
         return cycle.flow.write_paused
 
-    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """A whole answer, `headers` without its content-length (added here), written as
-        `send` writes an `http.response.start` and an `http.response.body` message that ends
-        it, with the cycle's state left as `send` leaves it. False, nothing written, where
-        `send` must do it: the answer begun, a HEAD request (no body), an access log to
-        write, a client not reading (`send` waits for it), framing headers of the caller's, a
-        header `send` would refuse (it says why)."""
+    def begin(self, status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+        """A chunked answer's start (`headers` without framing; its transfer-encoding added
+        here) with the cycle's state left as `send` leaves it after an `http.response.start`
+        without a length, the bytes held for the first `chunk`, `end` or `flush`. False,
+        nothing written, where `send` must do it (`_head_bytes` says when, and a status
+        without a body)."""
         cycle = self._cycle
         if cycle.disconnected:
             return not cycle.response_started  # as `send` then: nothing written
+        if status in (204, 304):  # no body: `send` frames neither
+            return False
+        start = self._head_bytes(status, [*cycle.default_headers, *headers], b"transfer-encoding")
+        if start is None:
+            return False
+        cycle.chunked_encoding, cycle.expected_content_length = True, 0
+        self._start = start
+        return True
+
+    def flush(self) -> None:
+        """The start `begin` held, written now (the first chunk is not in hand)."""
+        start, self._start = self._start, None
+        if start is not None and not self._cycle.disconnected:
+            self._cycle.transport.write(start)
+
+    def end(self, tail: bytes) -> None:
+        """The chunked answer's last chunk (`tail`, may be empty) and its end, as `send` writes
+        an `http.response.body` message without more to come, with the cycle's state left as
+        `send` leaves it."""
+        cycle = self._cycle
+        if cycle.disconnected:
+            return  # as `send` does
+        if not cycle.chunked_encoding or cycle.response_complete:
+            raise RuntimeError("a chunked answer ended that is not in progress")
+        body = b"%x\r\n%b\r\n0\r\n\r\n" % (len(tail), tail) if tail else b"0\r\n\r\n"
+        start, self._start = self._start, None
+        cycle.transport.write(body if start is None else start + body)
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
+
+    def _head_bytes(
+        self, status: int, every: list[tuple[bytes, bytes]], framing: bytes
+    ) -> bytes | None:
+        """The status line and `every` header with `framing` (the answer's content-length or
+        transfer-encoding, the last of `every` or added here) as `send` writes them, the cycle
+        marked started; None where `send` must write them: the answer begun, a client not
+        reading (`send` waits for it), an access log to write, a HEAD request, framing headers
+        of the caller's, a header `send` would refuse (it says why)."""
+        cycle = self._cycle
         if (cycle.response_started or cycle.flow.write_paused or cycle.access_log
                 or cycle.scope["method"] == "HEAD"):  # fmt: skip
-            return False
-        every = [*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))]
+            return None
         names = [name.lower() for name, _ in every]
-        if (b"content-length" in names[:-1] or b"transfer-encoding" in names
+        given = names[:-1] if framing == b"content-length" else names
+        if (b"content-length" in given or b"transfer-encoding" in given
                 or HEADER_RE.search(b"".join(names))  # (a regular expression each in `send`)
                 or HEADER_VALUE_RE.search(b"\t".join([v for _, v in every]))):  # fmt: skip
-            return False  # (a tab is allowed in a value, so joining with one hides nothing)
+            return None  # (a tab is allowed in a value, so joining with one hides nothing)
         out = [STATUS_LINE[status]]
         closes = False
         for name, (_, value) in zip(names, every, strict=True):
@@ -150,10 +199,26 @@ class ConnectionWriter:
             out += [name, b": ", value, b"\r\n"]
         if not cycle.keep_alive and not closes:
             out.append(b"connection: close\r\n")
-        out += [b"\r\n", body]
+        if framing == b"transfer-encoding":
+            out.append(b"transfer-encoding: chunked\r\n")
+        out.append(b"\r\n")
         cycle.response_started, cycle.waiting_for_100_continue = True, False
+        return b"".join(out)
+
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """A whole answer, `headers` without its content-length (added here), written as
+        `send` writes an `http.response.start` and an `http.response.body` message that ends
+        it, with the cycle's state left as `send` leaves it. False, nothing written, where
+        `send` must do it (`_head_bytes` says when)."""
+        cycle = self._cycle
+        if cycle.disconnected:
+            return not cycle.response_started  # as `send` then: nothing written
+        every = [*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))]
+        head = self._head_bytes(status, every, b"content-length")
+        if head is None:
+            return False
         cycle.chunked_encoding, cycle.expected_content_length = False, 0
-        self._transport.write(b"".join(out))
+        self._transport.write(head + body)
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:

@@ -362,3 +362,189 @@ async def test_a_finished_response_cannot_close_the_next_request_on_its_connecti
         second.release()
         await p.aclose()
     assert srv.connections == 1
+
+
+# -- pump: the body handed to a sink from the connection's own callback ---------------------------
+
+CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+async def test_a_pumped_body_reaches_the_sink_in_order_and_the_connection_is_reused() -> None:
+    steps = [asyncio.Event() for _ in range(3)]
+
+    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(CHUNKED + chunk(b"data: 1\n\n"))
+        for i, part in enumerate([b"data: 2\n\n", b"data: 3\n\ndata: 4\n\n"]):
+            await steps[i].wait()
+            w.write(chunk(part))
+        await steps[2].wait()
+        w.write(b"0\r\n\r\n")
+        await read_request(r)  # the next request, on the same connection
+        w.write(OK)
+
+    got: list[bytes] = []
+
+    def sink(data: bytes) -> bool:
+        got.append(data)
+        for step in steps:  # the next part once this one is in
+            if not step.is_set():
+                step.set()
+                break
+        return False
+
+    async def never() -> None:
+        raise AssertionError("a sink that never asks for a pause is never drained")
+
+    async with serving(stream) as srv:
+        p = pool()
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        await asyncio.wait_for(resp.pump(sink, never), 5)
+        assert b"".join(got) == b"data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n"
+        assert got[0] == b"data: 1\n\n"
+        resp.release()
+        again = await p.post(srv.url, "/x", b"{}", {})
+        assert await again.read() == b"{}"
+        again.release()
+        await p.aclose()
+    assert srv.connections == 1
+
+
+async def test_a_sink_slower_than_the_engine_is_drained_and_loses_nothing() -> None:
+    parts = [b"data: %d\n\n" % i for i in range(50)]
+
+    async def flood(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(CHUNKED)
+        for part in parts:
+            w.write(chunk(part))
+            await w.drain()
+            await asyncio.sleep(0)
+        w.write(b"0\r\n\r\n")
+        await asyncio.sleep(1)
+
+    got: list[bytes] = []
+    client_reads = asyncio.Event()
+    drains = 0
+
+    def sink(data: bytes) -> bool:
+        got.append(data)
+        return len(got) == 1  # the client is slower after the first piece
+
+    async def drain() -> None:
+        nonlocal drains
+        drains += 1
+        await client_reads.wait()
+
+    async with serving(flood) as srv:
+        p = pool()
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        pumping = asyncio.ensure_future(resp.pump(sink, drain))
+        while not got or resp._buffered == 0:  # pieces wait in the response while it drains
+            await asyncio.sleep(0.01)
+        assert len(got) == 1 and not pumping.done()
+        client_reads.set()
+        await asyncio.wait_for(pumping, 5)
+        assert b"".join(got) == b"".join(parts)
+        assert drains == 1
+        resp.release()
+        await p.aclose()
+
+
+async def test_a_pumped_stream_that_goes_silent_times_out_one_timeout_after_its_last_piece() -> None:
+    sent = asyncio.Event()
+
+    async def drips(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(CHUNKED)
+        for _ in range(8):
+            await asyncio.sleep(0.1)
+            w.write(chunk(b"a"))
+        sent.set()
+        await asyncio.sleep(5)
+
+    got: list[bytes] = []
+
+    async def drain() -> None:
+        pass
+
+    async with serving(drips) as srv:
+        p = pool(read_timeout_s=0.3)
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        pumping = asyncio.ensure_future(resp.pump(lambda d: got.append(d) is not None, drain))
+        await sent.wait()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await pumping
+        assert 0.2 <= loop.time() - began < 2.0  # not 0.3 s from the pump's start
+        assert b"".join(got) == b"a" * 8
+        resp.close()
+        await p.aclose()
+
+
+@pytest.mark.parametrize("how", ["the sink raises", "the response is closed", "the engine breaks"])
+async def test_a_pump_ends_with_the_failure_that_ended_it(how: str) -> None:
+    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(CHUNKED + chunk(b"data: 1\n\n"))
+        await w.drain()
+        await asyncio.sleep(0.1)
+        if how == "the engine breaks":
+            w.write(b"zz\r\nnot a chunk\r\n")
+        else:
+            w.write(chunk(b"data: 2\n\n"))
+        await asyncio.sleep(5)
+
+    expected: type[BaseException] = {
+        "the sink raises": LookupError, "the response is closed": aiohttp.ClientConnectionError,
+        "the engine breaks": aiohttp.ClientPayloadError}[how]  # fmt: skip
+    got: list[bytes] = []
+
+    async with serving(stream) as srv:
+        p = pool(read_timeout_s=5)
+        resp = await p.post(srv.url, "/x", b"{}", {})
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            if how == "the sink raises" and len(got) == 2:
+                raise LookupError("the sink failed")
+            if how == "the response is closed":
+                resp.close()
+            return False
+
+        async def drain() -> None:
+            pass
+
+        with pytest.raises(expected):
+            await asyncio.wait_for(resp.pump(sink, drain), 5)
+        assert got[0] == b"data: 1\n\n"
+        resp.close()
+        await p.aclose()
+
+
+async def test_a_pumped_event_stream_reaches_the_sink_in_the_canonical_form() -> None:
+    async def crlf(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(CHUNKED + chunk(b"data:1\r\n\r"))
+        await w.drain()
+        await asyncio.sleep(0.05)
+        w.write(chunk(b"\ndata: 2\r\n\r\n") + b"0\r\n\r\n")
+        await asyncio.sleep(1)
+
+    got: list[bytes] = []
+
+    async def drain() -> None:
+        pass
+
+    async with serving(crlf) as srv:
+        p = pool()
+        resp = await p.post(srv.url, "/x", b"{}", {})
+        await asyncio.wait_for(resp.pump(lambda d: got.append(d) is not None, drain), 5)
+        assert b"".join(got) == b"data: 1\n\ndata: 2\n\n"
+        resp.release()
+        await p.aclose()

@@ -223,3 +223,97 @@ async def test_a_whole_answer_to_a_client_gone_writes_nothing() -> None:
     await begun.send(WHOLE[0])
     begun.disconnected = True
     assert ConnectionWriter(begun).whole(200, [], b"{}") is False
+
+
+STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"x-request-id", b"abc")]
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+@pytest.mark.parametrize("tail", [b"", b"data: [DONE]\n\n"])
+async def test_a_stream_begun_and_ended_is_the_bytes_and_the_state_send_leaves(
+    keep_alive: bool, tail: bytes
+) -> None:
+    responses: list[str] = []
+    by_send, sent = cycle(keep_alive=keep_alive, default_headers=SERVER,
+                          on_response=lambda: responses.append("send"))  # fmt: skip
+    await by_send.send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+    for chunk in CHUNKS:
+        await by_send.send({"type": "http.response.body", "body": chunk, "more_body": True})
+    if tail:
+        await by_send.send({"type": "http.response.body", "body": tail, "more_body": True})
+    await by_send.send({"type": "http.response.body", "body": b""})
+
+    direct, written = cycle(keep_alive=keep_alive, default_headers=SERVER,
+                            on_response=lambda: responses.append("direct"))  # fmt: skip
+    writer = ConnectionWriter(direct)
+    assert writer.begin(200, STREAM_HEADERS) is True
+    assert written.written == []  # held for the first chunk
+    for chunk in CHUNKS:
+        assert writer.chunk(chunk) is False
+    writer.end(tail)
+
+    assert b"".join(written.written) == b"".join(sent.written)
+    assert len(written.written) == len(CHUNKS) + 1  # the start with the first chunk, the tail
+    for state in ("response_started", "response_complete", "keep_alive", "chunked_encoding",
+                  "expected_content_length", "waiting_for_100_continue"):  # fmt: skip
+        assert getattr(direct, state) == getattr(by_send, state), state
+    assert direct.message_event.is_set()
+    assert written.closed == sent.closed == (not keep_alive)
+    assert responses == ["send", "direct"]
+
+
+async def test_a_start_held_is_written_when_flushed_or_with_the_end() -> None:
+    c, written = cycle()
+    writer = ConnectionWriter(c)
+    assert writer.begin(200, STREAM_HEADERS) is True
+    writer.flush()
+    assert len(written.written) == 1 and written.written[0].startswith(b"HTTP/1.1 200")
+    assert written.written[0].endswith(b"transfer-encoding: chunked\r\n\r\n")
+    writer.flush()  # nothing held: nothing written
+    assert writer.chunk(b"a") is False
+    assert written.written[1:] == [b"1\r\na\r\n"]
+
+    empty, alone = cycle()
+    writer = ConnectionWriter(empty)
+    assert writer.begin(200, STREAM_HEADERS) is True
+    writer.end(b"")  # no chunk at all: the start and the end in one write
+    assert len(alone.written) == 1
+    assert alone.written[0].endswith(b"\r\n\r\n0\r\n\r\n")
+    assert empty.response_complete
+
+
+@pytest.mark.parametrize(
+    ("why", "status", "headers", "kwargs"),
+    [
+        ("a HEAD request: no body", 200, [], {"method": "HEAD"}),
+        ("an access log to write", 200, [], {"access_log": True}),
+        ("a status without a body", 204, [], {}),
+        ("the caller's own length", 200, [(b"content-length", b"2")], {}),
+        ("the caller's own framing", 200, [(b"transfer-encoding", b"chunked")], {}),
+        ("a header name send refuses", 200, [(b"bad name", b"x")], {}),
+    ],
+)
+async def test_a_stream_start_send_must_write_is_left_to_it(
+    why: str, status: int, headers: list[tuple[bytes, bytes]], kwargs: dict[str, Any]
+) -> None:
+    c, written = cycle(**kwargs)
+    assert ConnectionWriter(c).begin(status, headers) is False, why
+    assert written.written == []
+    assert not c.response_started
+
+
+async def test_a_stream_to_a_client_gone_writes_nothing() -> None:
+    c, written = cycle()
+    writer = ConnectionWriter(c)
+    assert writer.begin(200, STREAM_HEADERS) is True
+    c.disconnected = True
+    assert writer.chunk(b"a") is False
+    writer.flush()
+    writer.end(b"data: [DONE]\n\n")
+    assert written.written == []
+
+
+async def test_an_end_outside_a_chunked_answer_in_progress_is_a_bug() -> None:
+    c, _ = cycle()
+    with pytest.raises(RuntimeError):
+        ConnectionWriter(c).end(b"")
