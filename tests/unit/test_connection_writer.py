@@ -267,7 +267,8 @@ async def test_a_start_held_is_written_when_flushed_or_with_the_end() -> None:
     writer = ConnectionWriter(c)
     assert writer.begin(200, STREAM_HEADERS) is True
     writer.flush()
-    assert len(written.written) == 1 and written.written[0].startswith(b"HTTP/1.1 200")
+    assert len(written.written) == 1
+    assert written.written[0].startswith(b"HTTP/1.1 200")
     assert written.written[0].endswith(b"transfer-encoding: chunked\r\n\r\n")
     writer.flush()  # nothing held: nothing written
     assert writer.chunk(b"a") is False
