@@ -245,11 +245,12 @@ class Exchange:
         """A 200 stream's status line and headers; its chunks follow (`writer.chunk` or
         `send`). Held for the first chunk where the server can (`ConnectionWriter.begin`):
         the caller writes a chunk or `writer.flush()`es before it waits for anything."""
-        self.responded = True
-        if self.added_headers:
-            headers = [*headers, *self.added_headers]
-        if self.writer is None or not self.writer.begin(200, headers):
-            await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+        if self.writer is not None and self.writer.begin(
+            200, [*headers, *self.added_headers] if self.added_headers else headers
+        ):
+            self.responded = True
+            return
+        await self.start_response(200, headers)
 
     async def end_stream(self, tail: bytes) -> None:
         """A stream's last bytes (through `body_filters`) and its end."""

@@ -98,12 +98,16 @@ class Http1Response:
         buf.clear()
         self._buffered = 0
         self._conn.drained()
-        if lines is not None:
-            data = lines.feed(data)
-            if lines.plain:  # the engine writes the canonical form: nothing more to rewrite
-                self._lines = None
-            elif not data:  # all of it held back (a piece of a line): read on
-                return await self.readany()
+        if lines is not None and not (data := self._canonical(lines, data)):
+            return await self.readany()  # all of it held back (a piece of a line): read on
+        return data
+
+    def _canonical(self, lines: EventLines, data: bytes) -> bytes:
+        """`data` of an event stream in the one form the gateway reads (gateway.core.sse); the
+        rewriter dropped once the engine shows it writes that form."""
+        data = lines.feed(data)
+        if lines.plain:  # nothing more to rewrite
+            self._lines = None
         return data
 
     async def read(self) -> bytes:
@@ -139,11 +143,8 @@ class Http1Response:
             while True:
                 while self._buf:  # arrived while no sink took it (before, or while slow)
                     data = self._take()
-                    lines = self._lines
-                    if lines is not None:
-                        data = lines.feed(data)
-                        if lines.plain:
-                            self._lines = None
+                    if self._lines is not None:
+                        data = self._canonical(self._lines, data)
                     if data and sink(data):
                         await drain()
                 if self._error is not None:
@@ -165,13 +166,8 @@ class Http1Response:
         timeout runs from it."""
         conn = self._conn
         self._deadline = conn.loop.time() + conn.pool.read_timeout_s
-        lines = self._lines
-        if lines is not None:
-            data = lines.feed(data)
-            if lines.plain:
-                self._lines = None
-            if not data:
-                return
+        if self._lines is not None and not (data := self._canonical(self._lines, data)):
+            return
         try:
             slow = sink(data)
         except Exception as e:  # raised by pump, in the reader's task

@@ -418,24 +418,24 @@ class Upstream:
         writer = ex.writer
         events = _Events(ex, relay, lease, self.clock, writer)
         try:
-            if writer is not None and isinstance(resp, Http1Response):
-                # Each later piece written from the engine connection's own callback.
-                if events.write(first):
-                    await writer.drain()
-                writer.flush()  # the stream's start, held for a first chunk not yet whole
-                await resp.pump(events.write, writer.drain)
-            else:
+            if writer is None:  # another ASGI server: its messages
                 chunk = first
                 while chunk:
                     if out := events(chunk):
-                        if writer is None:
-                            await ex.send({"type": "http.response.body", "body": out,
-                                           "more_body": True})  # fmt: skip
-                        elif writer.chunk(out):
-                            await writer.drain()
-                    if writer is not None:
-                        writer.flush()
+                        await ex.send({"type": "http.response.body", "body": out,
+                                       "more_body": True})  # fmt: skip
                     chunk = await resp.content.readany()
+            else:
+                if events.write(first):
+                    await writer.drain()
+                writer.flush()  # the stream's start, held for a first chunk not yet whole
+                if isinstance(resp, Http1Response):
+                    # Each later piece written from the engine connection's own callback.
+                    await resp.pump(events.write, writer.drain)
+                else:
+                    while chunk := await resp.content.readany():
+                        if events.write(chunk):
+                            await writer.drain()
             tail = relay.close()
             if ex.transcript is not None and not (events.last + tail).endswith(_DONE_EVENT):
                 raise aiohttp.ClientPayloadError("the stream ended before [DONE]")

@@ -167,6 +167,11 @@ class ConnectionWriter:
         body = b"%x\r\n%b\r\n0\r\n\r\n" % (len(tail), tail) if tail else b"0\r\n\r\n"
         start, self._start = self._start, None
         cycle.transport.write(body if start is None else start + body)
+        self._completed()
+
+    def _completed(self) -> None:
+        """The cycle's state and its connection as `send` leaves them after an answer's end."""
+        cycle = self._cycle
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
@@ -219,11 +224,7 @@ class ConnectionWriter:
             return False
         cycle.chunked_encoding, cycle.expected_content_length = False, 0
         self._transport.write(head + body)
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            self._transport.close()
-        cycle.on_response()
+        self._completed()
         return True
 
     async def drain(self) -> None:

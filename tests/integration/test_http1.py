@@ -418,10 +418,13 @@ async def test_a_pumped_body_reaches_the_sink_in_order_and_its_connection_is_reu
 async def test_a_sink_slower_than_the_engine_is_drained_and_loses_nothing() -> None:
     parts = [b"data: %d\n\n" % i for i in range(50)]
 
+    first_in = asyncio.Event()
+
     async def flood(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
-        w.write(CHUNKED)
-        for part in parts:
+        w.write(CHUNKED + chunk(parts[0]))
+        await first_in.wait()  # the rest while the sink drains
+        for part in parts[1:]:
             w.write(chunk(part))
             await w.drain()
             await asyncio.sleep(0)
@@ -434,6 +437,7 @@ async def test_a_sink_slower_than_the_engine_is_drained_and_loses_nothing() -> N
 
     def sink(data: bytes) -> bool:
         got.append(data)
+        first_in.set()
         return len(got) == 1  # the client is slower after the first piece
 
     async def drain() -> None:
@@ -494,11 +498,12 @@ async def test_a_pumped_stream_gone_silent_times_out_one_timeout_after_its_last_
 
 @pytest.mark.parametrize("how", ["the sink raises", "the response is closed", "the engine breaks"])
 async def test_a_pump_ends_with_the_failure_that_ended_it(how: str) -> None:
+    first_in = asyncio.Event()
+
     async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
         w.write(CHUNKED + chunk(b"data: 1\n\n"))
-        await w.drain()
-        await asyncio.sleep(0.1)
+        await first_in.wait()  # the next piece a delivery of its own
         if how == "the engine breaks":
             w.write(b"zz\r\nnot a chunk\r\n")
         else:
@@ -516,6 +521,7 @@ async def test_a_pump_ends_with_the_failure_that_ended_it(how: str) -> None:
 
         def sink(data: bytes) -> bool:
             got.append(data)
+            first_in.set()
             if how == "the sink raises" and len(got) == 2:
                 raise LookupError("the sink failed")
             if how == "the response is closed":
