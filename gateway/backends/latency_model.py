@@ -50,6 +50,7 @@ __all__ = [
     "CurveLearner",
     "EngineSample",
     "LogSpread",
+    "PrefillCost",
     "Roofline",
     "beyond",
     "fit_roofline",
@@ -62,6 +63,10 @@ UNKNOWN = Prediction(tpot=UNKNOWN_CURVE, ttft=UNKNOWN_CURVE, frontier=0)
 # How far the load the streams saw between two scrapes may lie from the scrapes' own, as a
 # factor (plus one stream), for the interval's steps to be read at the scrapes' load.
 _STEADY = 1.5
+# What an interval's step time keeps at least, its prefill taken out (PrefillCost), and how
+# much the prefill per step must vary within a load, as a share of its square, to be read.
+_LEAST_LEFT = 0.1
+_VARIED = 1e-6
 # Scrapes of an engine's speculation counters kept to read a finished stream's acceptance: a
 # few tens of seconds at the usual scrape intervals, longer than most streams decode.
 _KEPT = 64
@@ -344,6 +349,70 @@ class AcceptanceRate:
         return self.accepted / self.draft_tokens if self.draft_tokens > 1e-9 else None
 
 
+class PrefillCost:
+    """What the prompts prefilled among the decodes add to a step, learned per backend.
+
+    A step that prefills P prompt tokens beside its decodes takes about `per_token` x P
+    longer (chunked prefill: a prompt's tokens are compute-bound, each about the same). Where
+    prompts come in waves (a burst of new conversations, each resending its history), the
+    scrape intervals at the wave's load carry it: in the routing study's chat workload (a seed
+    of `a-lot` burst) single intervals of a throughput engine came out at up to 13 times its
+    decode step, and the curve's knots there at 2-5 times, so routing held an engine full
+    that had room. So an interval's
+    mean step is read less its prefill. A stream's TPOT is taken as it is: its decode spreads
+    over many steps, diluting a wave, and what it took with the usual prefill beside it is
+    what a stream will take (measured: read less its prefill too, the chat study's
+    interactive cells, whose SLO only the latency tier meets, lost SLO-met requests).
+
+    `per_token` is a regression of the intervals' mean step time on their prefill tokens per
+    step within each knot of load (each knot its own mean: the decode step there), pooled
+    over the knots (least squares, exponentially weighted). Within a knot the decode step
+    drops out; a regression on the curve's residuals instead would let the curve absorb the
+    prefill first and learn none of it.
+    """
+
+    __slots__ = ("count", "mean", "memory", "spp", "sxx", "sxy")
+
+    def __init__(self, memory: float) -> None:
+        self.memory = memory
+        self.sxx = self.sxy = 0.0
+        self.spp = 0.0  # the prefill per step squared: its scale, to tell variation from none
+        # Per knot: the intervals' (prefill per step, step time) means and how many.
+        self.mean = [(0.0, 0.0)] * len(KNOTS)
+        self.count = [0.0] * len(KNOTS)
+
+    @property
+    def per_token(self) -> float:
+        # Nothing while the prefill per step has not varied within a load (by more than
+        # rounding): the slope would be noise over noise.
+        if self.sxx <= _VARIED * self.spp:
+            return 0.0
+        return max(0.0, self.sxy / self.sxx)
+
+    def learn(self, n: float, per_step: float, step_s: float) -> None:
+        """One interval: its mean load, prompt tokens computed per step and mean step time."""
+        if not (math.isfinite(step_s) and math.isfinite(per_step) and per_step >= 0):
+            return
+        k = min(range(len(KNOTS)), key=lambda i: abs(KNOTS[i] - n))
+        count = self.count[k] = min(self.count[k] + 1, self.memory)
+        mp, ms = self.mean[k]
+        dp, ds = per_step - mp, step_s - ms
+        mp, ms = mp + dp / count, ms + ds / count
+        self.mean[k] = (mp, ms)
+        # Welford's co-moments within the knot, pooled (the first interval at a knot adds
+        # nothing: it only sets the knot's means); older ones weigh less.
+        keep = 1.0 - 1.0 / (self.memory * len(KNOTS))
+        self.sxx = self.sxx * keep + dp * (per_step - mp)
+        self.sxy = self.sxy * keep + dp * (step_s - ms)
+        self.spp = self.spp * keep + per_step * per_step
+
+    def decode_step(self, n: float, per_step: float, step_s: float) -> float:
+        """An interval's mean step less its prefill, once learned from (never below a tenth
+        of it: a cost per token still too high early on would teach steps of nothing)."""
+        self.learn(n, per_step, step_s)
+        return max(step_s - self.per_token * per_step, step_s * _LEAST_LEFT)
+
+
 class LogSpread:
     """Mean and deviation of ln(observed / predicted), each an exponentially weighted mean over
     `memory` observations, starting from `prior` (deviation) worth `prior_weight` of them."""
@@ -404,6 +473,9 @@ class EngineSample:
     # its square, and the count (gateway.backends.registry.BackendEntry.load_marks); None
     # where not known.
     leases: tuple[float, float, int] | None = None
+    # Prompt tokens the engine has computed (prefilled, less those found in its prefix
+    # cache), cumulative; None where the engine does not say.
+    prefilled: float | None = None
 
 
 class BackendModel:
@@ -417,6 +489,7 @@ class BackendModel:
         self.tpot = CurveLearner(memory)  # at the tokens per step `tps`
         self.ttft = CurveLearner(memory)
         self.acceptance = AcceptanceRate(halflife_s)
+        self.prefill = PrefillCost(4 * memory)
         self.spread = LogSpread(4 * memory, spread, 2.0)
         # How far a finished stream's own acceptance lies from the average, ln of the ratio:
         # its usual scatter, against which a shift is told from noise (`observe_request`).
@@ -455,6 +528,10 @@ class BackendModel:
         if not _steady(last, sample):
             return
         n = (sample.running + last.running) / 2
+        if sample.prefilled is not None and last.prefilled is not None:
+            # Per step: a step gives one inter-token sample per stream decoding in it.
+            per_step = max(0.0, sample.prefilled - last.prefilled) * n / steps
+            step_s = self.prefill.decode_step(n, per_step, step_s)
         if self.tpot.observe(n, step_s / (self.tps or 1.0)):
             # Held for the whole interval: the fewer of the two ends.
             self.frontier = max(self.frontier, int(min(sample.running, last.running)))

@@ -46,6 +46,7 @@ def engine_sample(
     itl = [x for x in s if x.itl_sum is not None and x.itl_count is not None]
     spec = [x for x in s if x.spec_drafts is not None and x.spec_draft_tokens is not None
             and x.spec_accepted_tokens is not None]  # fmt: skip
+    prompt = [x for x in s if x.prompt_tokens is not None]
     return EngineSample(
         running=sum(x.running for x in s),
         waiting=sum(x.waiting for x in s),
@@ -57,6 +58,8 @@ def engine_sample(
             sum(x.spec_draft_tokens or 0.0 for x in spec),
             sum(x.spec_accepted_tokens or 0.0 for x in spec),
         ) if spec else None,
+        prefilled=sum((x.prompt_tokens or 0.0) - (x.prefix_hit_tokens or 0.0) for x in prompt)
+        if prompt else None,
     )  # fmt: skip
 
 
@@ -223,6 +226,8 @@ class Learner:
                    for n in SHOWN_CONCURRENCIES],
             tokens_per_step=round(pred.tokens_per_step, 3),
             acceptance_rate=None if pred.acceptance is None else round(pred.acceptance, 4),
+            prefill_ms_per_1k_tokens=round(self.models[url].prefill.per_token * 1e6, 3)
+            if url in self.models else 0.0,
             slo_limit=slo_limit(pred, self.slo.tpot_s),
             observed_ago_s=None if pred.observed_at is None else round(now - pred.observed_at, 3),
         )  # fmt: skip

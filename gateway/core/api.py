@@ -223,6 +223,10 @@ class ModelView(BaseModel):
     tokens_per_step: float = Field(description="1 + accepted drafts per verification step,"
                                    " lately (1: no speculative decoding seen).")  # fmt: skip
     acceptance_rate: float | None = Field(description="Accepted / proposed draft tokens, lately.")
+    prefill_ms_per_1k_tokens: float = Field(description="What 1,000 prompt tokens prefilled"
+                                            " beside the decodes add to a step, as learned from"
+                                            " the engine's prompt and prefix-cache counters; the"
+                                            " curve is the step without it (0: none learned).")
     slo_limit: int = Field(description="The most streams at which the predicted TPOT meets the"
                            " default SLO: for a latency backend, its effective limit.")  # fmt: skip
     observed_ago_s: float | None = Field(description="Seconds since the last observation.")

@@ -62,6 +62,10 @@ class EngineStats:
     # Inter-token latency histogram's sum and count: one sample per request per engine step.
     itl_sum: float | None = None
     itl_count: float | None = None
+    # Prompt tokens prefilled and those of them found in the prefix cache (both cumulative):
+    # the prompt tokens computed, whose prefill shares the engine's steps with the decodes.
+    prompt_tokens: float | None = None
+    prefix_hit_tokens: float | None = None
 
     @property
     def spec_acceptance_rate(self) -> float | None:
@@ -92,7 +96,7 @@ _UNESCAPES: Mapping[str, str] = MappingProxyType({"n": "\n", "\\": "\\", '"': '"
 _SUMMED = frozenset({"running", "waiting", "success"})
 _FULLEST = frozenset({"kv", "kv_old"})
 _OPTIONAL = frozenset({"drafts", "draft_tokens", "accepted", "generation", "itl_sum", "itl_count",
-                       "itl_sum_old", "itl_count_old"})  # fmt: skip
+                       "itl_sum_old", "itl_count_old", "prompt", "prefix_hits"})  # fmt: skip
 SLOTS = _SUMMED | _FULLEST | _OPTIONAL
 
 
@@ -156,6 +160,8 @@ class _Acc:
         "itl_sum_old",
         "kv",
         "kv_old",
+        "prefix_hits",
+        "prompt",
         "running",
         "success",
         "waiting",
@@ -175,6 +181,8 @@ class _Acc:
         self.itl_count: float | None = None
         self.itl_sum_old: float | None = None
         self.itl_count_old: float | None = None
+        self.prompt: float | None = None
+        self.prefix_hits: float | None = None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -189,6 +197,8 @@ class _Acc:
             # An engine sending both names (the old one deprecated) counts once, by the new.
             itl_sum=self.itl_sum if self.itl_count is not None else self.itl_sum_old,
             itl_count=self.itl_count if self.itl_count is not None else self.itl_count_old,
+            prompt_tokens=self.prompt,
+            prefix_hit_tokens=self.prefix_hits,
         )
 
 
@@ -208,7 +218,7 @@ def collect(text: str, series: Mapping[str, str], model_label: str) -> dict[str,
     """Per-model stats (by the label `model_label`) from a metrics page: `series` maps each
     series read to the slot it feeds (one of SLOTS: `running`, `waiting`, `success`, `kv`,
     `kv_old`, `drafts`, `draft_tokens`, `accepted`, `generation`, `itl_sum`, `itl_count`,
-    `itl_sum_old`, `itl_count_old`).
+    `itl_sum_old`, `itl_count_old`, `prompt`, `prefix_hits`).
 
     Raises :class:`MetricsParseError` when a line is not valid exposition text.
     """

@@ -199,6 +199,10 @@ class SimEngine:
     itl_count: int = 0
     generated: int = 0
     finished: int = 0
+    # Of the sequences prefilled: their prompts whole, and the tokens of them found cached,
+    # both counted once the step ends (as engines.sim.engine publishes them, and vLLM).
+    prompt_tokens: int = 0
+    prefix_hits: int = 0
 
     def stats(self) -> dict[str, EngineStats]:
         """The engine's metrics page, parsed (what gateway.wire.metrics would return)."""
@@ -210,6 +214,7 @@ class SimEngine:
             spec_accepted_tokens=None if spec is None else spec.accepted_tokens,
             success_total=self.finished, generation_tokens=self.generated,
             itl_sum=self.itl_sum, itl_count=self.itl_count,
+            prompt_tokens=self.prompt_tokens, prefix_hit_tokens=self.prefix_hits,
         )}  # fmt: skip
 
 
@@ -225,6 +230,8 @@ def commit_step(e: SimEngine, step: Any, now: float, requests: Mapping[Sequence,
     request of `requests` it emitted for; returns those it finished, in the engine's order."""
     e.stepping = False
     finished = []
+    e.prompt_tokens += sum(seq.prompt_tokens for seq in step.prefills)
+    e.prefix_hits = e.sched.prefix_hits
     before = {s: s.last_token_at for s in (*step.decodes, *step.prefills)}
     for em in e.sched.commit(step, now):
         seq = em.seq

@@ -94,6 +94,9 @@ def vllm_page(
     preempt = Counter("vllm:num_preemptions", "Cumulative number of preemption.", lbl, registry=reg)
     prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", lbl, registry=reg)
     gen = Counter("vllm:generation_tokens", "Number of generation tokens.", lbl, registry=reg)
+    queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", lbl,
+                      registry=reg)  # fmt: skip
+    hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", lbl, registry=reg)
     success = Counter(
         "vllm:request_success",
         "Count of successfully processed requests.",
@@ -138,6 +141,8 @@ def vllm_page(
         preempt.labels(model, engine).inc(3)
         prompt.labels(model, engine).inc(50_000)
         gen.labels(model, engine).inc(256_000)
+        queries.labels(model, engine).inc(50_000)
+        hits.labels(model, engine).inc(v.get("hits", 0))
         for reason in ("stop", "length", "abort", "error"):
             success.labels(model, engine, reason).inc(v.get(f"success_{reason}", 0))
         for h in hists:
@@ -164,6 +169,7 @@ ONE_ENGINE = {
         "drafts": 1000,
         "draft_tokens": 5000,
         "accepted": 2100,
+        "hits": 30_000,
     },
 }
 TWO_ENGINES = {
@@ -175,6 +181,7 @@ TWO_ENGINES = {
         "drafts": 10,
         "draft_tokens": 50,
         "accepted": 20,
+        "hits": 1_000,
     },
     (LLAMA, "1"): {
         "running": 5,
@@ -200,6 +207,8 @@ def reference_parse(text: str) -> dict[str, dict[str, float]]:
         "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
         "vllm:inter_token_latency_seconds_sum": "itl_sum",
         "vllm:inter_token_latency_seconds_count": "itl_count",
+        "vllm:prompt_tokens_total": "prompt_tokens",
+        "vllm:prefix_cache_hits_total": "prefix_hit_tokens",
     }
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -242,6 +251,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 generation_tokens=256_000,
                 itl_sum=pytest.approx(10.934),
                 itl_count=5,
+                prompt_tokens=50_000,
+                prefix_hit_tokens=30_000,
             ),
             id="one-engine-eagle",
         ),
@@ -260,6 +271,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 generation_tokens=512_000,
                 itl_sum=pytest.approx(21.868),
                 itl_count=10,
+                prompt_tokens=100_000,  # summed over the engines
+                prefix_hit_tokens=1_000,
             ),
             id="two-engines-summed-kv-fullest",
         ),
@@ -269,7 +282,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
             False,
             EngineStats(
                 running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000,
-                itl_sum=pytest.approx(10.934), itl_count=5,
+                itl_sum=pytest.approx(10.934), itl_count=5, prompt_tokens=50_000,
+                prefix_hit_tokens=30_000,
             ),
             id="old-kv-name-no-spec",
         ),

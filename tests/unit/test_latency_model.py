@@ -510,3 +510,81 @@ def test_a_streams_acceptance_is_read_from_the_counters_of_its_own_time() -> Non
     assert acc.tokens_per_step_since(0.0) is None
     acc.observe((20, 100, 40), 5.0)
     assert acc.tokens_per_step_since(0.0) == pytest.approx(3.0)
+
+
+# -- prefill among the decodes ---------------------------------------------------------------
+
+PREFILL_S = 1e-4  # per prompt token computed
+
+
+def decode_step(n: float) -> float:
+    """A throughput engine's decode step: flat-ish, steeper past 24 streams."""
+    return 0.0136 + 0.0001 * n + 0.00025 * max(0.0, n - 24)
+
+
+def waves(m: BackendModel, rng: random.Random, prefilled: bool, scrapes: int = 600) -> None:
+    """Scrapes of an engine whose prompts come in waves with the load: at 24 streams mostly
+    (the burst's new conversations), at 8 little; each interval's steps carry its prefill."""
+    itl_sum = itl_count = prompt = t = 0.0
+    for i in range(scrapes):
+        n = (8.0, 16.0, 24.0)[i // 40 % 3]
+        if i % 40 == 0:  # the load changes at a scrape (no interval of two loads is learned)
+            m.observe_engine(EngineSample(running=n, itl_sum=itl_sum, itl_count=itl_count,
+                                          prefilled=prompt if prefilled else None), t)  # fmt: skip
+        per_step_tokens = rng.choice((0.0, 50.0, 100.0)) * (n / 8) ** 2
+        steps = 0.25 / decode_step(n)
+        itl_count += steps * n  # one sample per stream and step
+        itl_sum += steps * n * (decode_step(n) + PREFILL_S * per_step_tokens)
+        prompt += steps * per_step_tokens
+        t += 0.25
+        m.observe_engine(EngineSample(running=n, itl_sum=itl_sum, itl_count=itl_count,
+                                      prefilled=prompt if prefilled else None), t)  # fmt: skip
+
+
+def test_the_prefill_among_the_decodes_is_learned_and_taken_out_of_the_curve() -> None:
+    """Prompts prefilled in waves that grow with the load would make the curve rise with the
+    waves: at 24 streams more than twice the decode step. Read less their prefill, the
+    intervals teach the decode step, and the cost per prompt token is the engine's."""
+    told, blind = model(), model()
+    waves(told, random.Random(1), prefilled=True)
+    waves(blind, random.Random(1), prefilled=False)
+    assert told.prefill.per_token == pytest.approx(PREFILL_S, rel=0.02)
+    assert blind.prefill.per_token == 0.0
+    for n in (8, 16, 24):
+        assert told.prediction().tpot.at(n) == pytest.approx(decode_step(n), rel=0.03)
+    assert blind.prediction().tpot.at(24) > 2 * decode_step(24)
+
+
+def test_the_cost_per_prompt_token_is_learned_within_each_load_not_across_loads() -> None:
+    """Where the prefill rises with the load exactly as the decode step does, a regression
+    across loads would read the decode step's rise as prefill; within each load there is
+    none to read until the prefill varies there."""
+    m = model()
+    itl_sum = itl_count = prompt = t = 0.0
+    for i in range(300):
+        n = (8.0, 16.0, 24.0)[i // 20 % 3]
+        steps = 0.25 / decode_step(n)
+        itl_count, prompt, t = itl_count + steps * n, prompt + steps * 10 * n, t + 0.25
+        itl_sum += steps * n * (decode_step(n) + PREFILL_S * 10 * n)
+        m.observe_engine(EngineSample(running=n, itl_sum=itl_sum, itl_count=itl_count,
+                                      prefilled=prompt), t)  # fmt: skip
+    assert m.prefill.per_token == 0.0
+    assert m.prediction().tpot.at(24) == pytest.approx(decode_step(24) + PREFILL_S * 240,
+                                                       rel=0.03)  # fmt: skip
+
+
+def test_a_streams_tpot_is_learned_as_it_was_taken() -> None:
+    """A stream decodes over many steps, a prefill wave among them diluted: what it took,
+    the usual prefill beside it, is taught to the curve as it is."""
+    m = model()
+    waves(m, random.Random(2), prefilled=True)
+    assert m.prefill.per_token > 0
+
+    def took(n: int) -> float:
+        return decode_step(n) + PREFILL_S * 300
+
+    for _ in range(40):
+        for n in (8, 16, 24):
+            m.observe_request(150.0, (float(n), took(n)), None, since=149.0)
+    for n in (8, 16, 24):
+        assert m.prediction().tpot.at(n) == pytest.approx(took(n), rel=0.1)  # not 1/3 of it

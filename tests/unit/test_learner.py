@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from gateway.backends.learner import Learner
+from gateway.backends.learner import Learner, engine_sample
 from gateway.backends.registry import Registry
 from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import BackendConfig, LearningConfig, Settings, TierConfig
@@ -119,3 +119,15 @@ def test_a_new_prediction_remembers_the_outlooks_asked_of_the_one_it_replaces() 
             backend, lb, replace(new), Slo(), params
         )
     assert learner.registry.curves[FAST].outlooks == {}  # nothing asked of it, nothing told
+
+
+def test_an_engines_computed_prompt_tokens_are_its_prompts_less_their_cache_hits() -> None:
+    """Summed over the engine's models; an engine that does not count its prompts says
+    nothing (and a model without the counter adds nothing to one that has it)."""
+    stats = {
+        "a": EngineStats(running=2, prompt_tokens=5000, prefix_hit_tokens=3000),
+        "b": EngineStats(running=1, prompt_tokens=700),  # no prefix cache: nothing hit
+        "c": EngineStats(running=1),
+    }
+    assert engine_sample(stats).prefilled == 2700
+    assert engine_sample({"c": EngineStats(running=1)}).prefilled is None

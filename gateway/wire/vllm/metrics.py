@@ -29,6 +29,8 @@ SERIES: Mapping[str, str] = MappingProxyType({
     # The same histogram's name before vLLM 0.11 (its meaning was the same: one sample per step).
     "vllm:time_per_output_token_seconds_sum": "itl_sum_old",
     "vllm:time_per_output_token_seconds_count": "itl_count_old",
+    "vllm:prompt_tokens_total": "prompt",
+    "vllm:prefix_cache_hits_total": "prefix_hits",  # in tokens (vLLM's V1 engine)
 })  # fmt: skip
 
 
