@@ -358,11 +358,11 @@ class PrefillCost:
     scrape intervals at the wave's load carry it: in the routing study's chat workload (a seed
     of `a-lot` burst) single intervals of a throughput engine came out at up to 13 times its
     decode step, and the curve's knots there at 2-5 times, so routing held an engine full
-    that had room. So an interval's
-    mean step is read less its prefill. A stream's TPOT is taken as it is: its decode spreads
-    over many steps, diluting a wave, and what it took with the usual prefill beside it is
-    what a stream will take (measured: read less its prefill too, the chat study's
-    interactive cells, whose SLO only the latency tier meets, lost SLO-met requests).
+    that had room. So an interval's mean step is read less its prefill. A stream's TPOT is
+    taken as it is: its decode spreads over many steps, diluting a wave, and what it took
+    with the usual prefill beside it is what a stream will take (measured: read less its
+    prefill too, an interactive cell of the chat study, whose SLO only the latency tier
+    meets, lost SLO-met requests: docs/results/routing-sim-prefill).
 
     `per_token` is a regression of the intervals' mean step time on their prefill tokens per
     step within each knot of load (each knot its own mean: the decode step there), pooled
