@@ -238,5 +238,7 @@ class Learner:
             value = pred.tpot.at(n) if pred.known else math.nan
             t.child(t.predicted_tpot, b.role.value, b.url, str(n)).set(value)
         t.child(t.frontier, b.role.value, b.url).set(pred.frontier)
+        if (model := self.models.get(b.url)) is not None:
+            t.child(t.prefill_cost, b.role.value, b.url).set(model.prefill.per_token)
         if b.role is Role.LATENCY:
             t.child(t.latency_limit, b.url).set(slo_limit(pred, self.slo.tpot_s))

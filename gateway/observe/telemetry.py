@@ -346,6 +346,14 @@ class Telemetry:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        self.prefill_cost = Gauge(
+            "tiergate_backend_prefill_seconds_per_token",
+            "What a prompt token prefilled beside the decodes adds to a backend's step, as the"
+            " latency model learned it (0: none learned); its curve is the step without it.",
+            ("tier", "backend"),
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.latency_limit = Gauge(
             "tiergate_latency_tier_limit",
             "The most streams at which a latency backend is predicted to meet the default TPOT"

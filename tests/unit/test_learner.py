@@ -4,6 +4,8 @@ have seen past its own frontier."""
 from __future__ import annotations
 
 import math
+
+import pytest
 from dataclasses import replace
 
 from gateway.backends.learner import Learner, engine_sample
@@ -131,3 +133,26 @@ def test_an_engines_computed_prompt_tokens_are_its_prompts_less_their_cache_hits
     }
     assert engine_sample(stats).prefilled == 2700
     assert engine_sample({"c": EngineStats(running=1)}).prefilled is None
+
+
+def test_the_prefill_cost_learned_is_shown_per_backend() -> None:
+    """Scrapes at one load whose prompts vary: each 1,000 prompt tokens a step add 100 ms."""
+    learner = _learner()
+    entry, t = learner.registry.entry(POOL[0]), 0.0
+    samples = itl = prompt = 0.0
+    for i in range(40):
+        per_step = (0.0, 100.0, 300.0)[i % 3]
+        samples, prompt = samples + 100, prompt + 10 * per_step  # 10 steps of 10 streams
+        itl += 100 * (0.02 + 0.0001 * per_step)
+        stats = EngineStats(running=10, itl_sum=itl, itl_count=samples, prompt_tokens=prompt)
+        learner.scraped(entry, {MODEL: stats}, t)
+        t += 0.25
+    learner.refresh()
+    shown = learner.telemetry.registry.get_sample_value(
+        "tiergate_backend_prefill_seconds_per_token",
+        {"tier": "throughput", "backend": POOL[0]},
+    )
+    assert shown == pytest.approx(0.0001, rel=0.01)
+    view = learner.view(POOL[0], t)
+    assert view is not None and view.prefill_ms_per_1k_tokens == pytest.approx(100, rel=0.01)
+    assert learner.registry.curves[POOL[0]].tpot.at(10) == pytest.approx(0.02, rel=0.01)
