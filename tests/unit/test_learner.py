@@ -4,9 +4,9 @@ have seen past its own frontier."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
-from dataclasses import replace
 
 from gateway.backends.learner import Learner, engine_sample
 from gateway.backends.registry import Registry
@@ -154,5 +154,6 @@ def test_the_prefill_cost_learned_is_shown_per_backend() -> None:
     )
     assert shown == pytest.approx(0.0001, rel=0.01)
     view = learner.view(POOL[0], t)
-    assert view is not None and view.prefill_ms_per_1k_tokens == pytest.approx(100, rel=0.01)
+    assert view is not None
+    assert view.prefill_ms_per_1k_tokens == pytest.approx(100, rel=0.01)
     assert learner.registry.curves[POOL[0]].tpot.at(10) == pytest.approx(0.02, rel=0.01)
