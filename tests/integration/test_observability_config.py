@@ -231,7 +231,8 @@ def test_learned_routing_row_shows_the_latency_model() -> None:
                for name in _GATEWAY_SERIES.findall(t.expr)}  # fmt: skip
     assert {"tiergate_backend_predicted_tpot_seconds", "tiergate_latency_tier_limit",
             "tiergate_slo_met_total", "tiergate_slo_missed_total",
-            "tiergate_backend_spec_acceptance_rate", "tiergate_backend_frontier"} <= set(queried), \
+            "tiergate_backend_spec_acceptance_rate", "tiergate_backend_frontier",
+            "tiergate_backend_prefill_seconds_per_token"} <= set(queried), \
         queried  # fmt: skip
     # A curve has a line per backend and concurrency; the SLO share one per tier and class.
     curves = [t for p in row for t in p.targets if "predicted_tpot" in t.expr]
