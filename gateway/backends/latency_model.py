@@ -406,10 +406,9 @@ class PrefillCost:
         self.sxy = self.sxy * keep + dp * (step_s - ms)
         self.spp = self.spp * keep + per_step * per_step
 
-    def decode_step(self, n: float, per_step: float, step_s: float) -> float:
-        """An interval's mean step less its prefill, once learned from (never below a tenth
-        of it: a cost per token still too high early on would teach steps of nothing)."""
-        self.learn(n, per_step, step_s)
+    def without(self, per_step: float, step_s: float) -> float:
+        """An interval's mean step less its prefill (never below a tenth of it: a cost per
+        token still too high early on would teach steps of nothing)."""
         return max(step_s - self.per_token * per_step, step_s * _LEAST_LEFT)
 
 
@@ -531,7 +530,8 @@ class BackendModel:
         if sample.prefilled is not None and last.prefilled is not None:
             # Per step: a step gives one inter-token sample per stream decoding in it.
             per_step = max(0.0, sample.prefilled - last.prefilled) * n / steps
-            step_s = self.prefill.decode_step(n, per_step, step_s)
+            self.prefill.learn(n, per_step, step_s)
+            step_s = self.prefill.without(per_step, step_s)
         if self.tpot.observe(n, step_s / (self.tps or 1.0)):
             # Held for the whole interval: the fewer of the two ends.
             self.frontier = max(self.frontier, int(min(sample.running, last.running)))

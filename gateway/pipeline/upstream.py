@@ -416,7 +416,7 @@ class Upstream:
         stream that breaks can be ended or continued cleanly. None when the engine ended the
         stream (it is finished then); why it broke otherwise (the caller ends it)."""
         writer = ex.writer
-        events = _Events(ex, relay, lease, self.clock, writer)
+        events = _Events(ex, relay, lease, self.clock)
         try:
             if writer is None:  # another ASGI server: its messages
                 chunk = first
@@ -554,12 +554,9 @@ class _Events:
         "clock", "ex", "filters", "held", "last", "lease", "relay", "transcript", "writer",
     )  # fmt: skip
 
-    def __init__(
-        self, ex: Exchange, relay: StreamRelay, lease: Lease, clock: Any,
-        writer: ConnectionWriter | None,
-    ) -> None:  # fmt: skip
-        self.ex, self.relay, self.lease, self.clock, self.writer = ex, relay, lease, clock, writer
-        self.filters, self.transcript = ex.body_filters, ex.transcript
+    def __init__(self, ex: Exchange, relay: StreamRelay, lease: Lease, clock: Any) -> None:
+        self.ex, self.relay, self.lease, self.clock = ex, relay, lease, clock
+        self.filters, self.transcript, self.writer = ex.body_filters, ex.transcript, ex.writer
         self.held = self.last = b""  # a piece of an event not yet whole; the last events out
 
     def __call__(self, chunk: bytes) -> bytes:
