@@ -9,17 +9,13 @@ the learned prefill cost takes off the step, whether the interval counts as stea
 
 from __future__ import annotations
 
-import sys
+from window import learned_run, window
 
 import gateway.backends.latency_model as lm
-from loadtests.routing_sim import cosim
-from loadtests.routing_sim.study import Arm, spec_of
 
 
 def main() -> None:
-    seed, cell, start, end = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-    workload = sys.argv[5] if len(sys.argv) > 5 else "one-off"
-    deployment, shape, slo = cell.split(",")
+    seed, cell, start, end, workload = window()
     observe = lm.BackendModel.observe_engine
     lines: list[str] = []
 
@@ -45,9 +41,7 @@ def main() -> None:
         observe(self, sample, now)
 
     lm.BackendModel.observe_engine = logged  # type: ignore[method-assign]
-    spec = spec_of((deployment, shape, slo), Arm("learned", "learned"), seed, 20.0, workload)
-    cosim._Sim(spec).run()
-    print(f"{deployment} {shape} {slo} ({workload}), seed {seed}: EAGLE engine's intervals")
+    print(f"{learned_run(seed, cell, workload)}: EAGLE engine's intervals")
     print("\n".join(lines))
 
 

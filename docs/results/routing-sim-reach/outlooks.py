@@ -17,13 +17,12 @@ cannot be wrapped to log). A line per decision:
 from __future__ import annotations
 
 import random
-import sys
 from typing import Any
+
+from window import learned_run, window
 
 import gateway.routing.learned as learned
 from gateway.routing.types import Decision, LoadSnapshot, Role, RouteRequest, RouterState
-from loadtests.routing_sim import cosim
-from loadtests.routing_sim.study import Arm, spec_of
 
 
 def _short(url: str) -> str:
@@ -31,9 +30,7 @@ def _short(url: str) -> str:
 
 
 def main() -> None:
-    seed, cell, start, end = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-    workload = sys.argv[5] if len(sys.argv) > 5 else "one-off"
-    deployment, shape, slo = cell.split(",")
+    seed, cell, start, end, workload = window()
     lines: list[str] = []
     decide = learned.Learned.__call__
 
@@ -57,9 +54,7 @@ def main() -> None:
         return d
 
     learned.Learned.__call__ = logged  # type: ignore[method-assign]
-    spec = spec_of((deployment, shape, slo), Arm("learned", "learned"), seed, 20.0, workload)
-    cosim._Sim(spec).run()
-    print(f"{deployment} {shape} {slo} ({workload}), seed {seed}: decisions {start}-{end} s")
+    print(f"{learned_run(seed, cell, workload)}: decisions {start}-{end} s")
     print("\n".join(lines))
 
 
