@@ -120,8 +120,21 @@ class ManagedProcess:
         return [sys.executable, "-m", "tiergate", *self.argv()]
 
     def start(self, timeout: float = 20.0) -> Self:
-        if not self.port:
-            self.port = free_port(self.host)
+        """Start and wait until ready. A port drawn here that another process (a parallel test,
+        a server that chose it too) binds between the draw and the bind is drawn again: the
+        process then exits early while someone else holds its port."""
+        drawn = not self.port
+        for attempt in range(3):
+            if drawn:
+                self.port = free_port(self.host)
+            try:
+                return self._launch(timeout)
+            except RuntimeError:
+                if not drawn or attempt == 2 or bindable(self.port, self.host):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, timeout: float) -> Self:
         cmd = self.command()
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, **self.env} if self.env else None
@@ -132,12 +145,12 @@ class ManagedProcess:
             wait_http(self.url + self.ready_path, timeout, self.proc)
         except Exception as e:
             self.stop()
-            if self.log is None or not self.log.exists():
-                raise
-            # The process's own last words say why far better than the timeout does.
-            tail = self.log.read_text(errors="replace")[-2000:]
+            tail = ""
+            if self.log is not None and self.log.exists():
+                # The process's own last words say why far better than the timeout does.
+                tail = "\n" + self.log.read_text(errors="replace")[-2000:]
             name = type(self).__name__
-            raise RuntimeError(f"{name} at {self.url} did not start: {e}\n{tail}") from e
+            raise RuntimeError(f"{name} at {self.url} did not start: {e}{tail}") from e
         except BaseException:
             self.stop()
             raise
