@@ -11,8 +11,12 @@ gateway's instructions per request: the whole process, uvicorn, aiohttp and Pyth
 The same count repeated gives the same figure to well under 1% (the report shows each round), so
 a 5% difference is a real one.
 
-Two kinds of request: small non-streamed completions (4 tokens), and streams of 64 tokens with
-usage (66 SSE events each). `--backends N` puts N simulators in the pool (where prefix affinity
+Three kinds of request: small non-streamed completions (4 tokens), streams of 64 tokens with
+usage (66 SSE events each), and the same streams whose client did not ask for usage (the OpenAI
+SDK's default: the gateway asks the engine for it all the same and takes the usage event out of
+what the client gets). Both gateways run the routing modules from their sources
+(`TIERGATE_COMPILED=0`): an extracted commit has no compiled build, and the comparison is of the
+code, not of the build. `--backends N` puts N simulators in the pool (where prefix affinity
 and the policy's choice have work to do), and `--one-off` makes every request's prompt one never
 sent before (what affinity costs where nothing repeats). Under callgrind a gateway starts in
 about a minute and a half; a run with a baseline takes a few minutes.
@@ -51,7 +55,9 @@ from loadtests.harness.procs import GatewayProcess, SimProcess
 from loadtests.harness.proxied import gateway_config, small_body, stream_body
 
 PROFILE = "instant"
-KINDS = ("small", "stream")
+KINDS = ("small", "stream", "stream-no-usage")
+_LABELS = {"small": "small (4 tokens)", "stream": "stream (64 tokens, 66 events)",
+           "stream-no-usage": "stream, no usage asked (64 tokens, 65 events out)"}  # fmt: skip
 MAX_RATIO = 1.05  # the working tree's gateway against the baseline's
 _TOTAL = re.compile(r"^\s*(?:Th\s+\d+\s+)?([\d,]+)\s*$")
 
@@ -194,11 +200,13 @@ def config(sim_urls: list[str], model: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def _gateway(name: str, work: Path, cfg: Path, baseline: Baseline | None,
              ) -> Iterator[CallgrindGateway]:  # fmt: skip
+    sources = {"TIERGATE_COMPILED": "0"}  # see the module's docstring
     if baseline is None:
-        gw = CallgrindGateway(config=cfg, log=work / f"{name}.log", out=work / f"{name}.cg")
+        gw = CallgrindGateway(config=cfg, log=work / f"{name}.log", out=work / f"{name}.cg",
+                              env=sources)  # fmt: skip
     else:
         root = Path(baseline.folder)
-        env = {"PYTHONPATH": str(root)}
+        env = {"PYTHONPATH": str(root), **sources}
         origin = import_origins(["gateway"], cwd=root, env=env)["gateway"]
         if origin.resolve().parents[1] != root:
             raise RuntimeError(f"{name} would import its code from {origin}, not {root}")
@@ -214,7 +222,8 @@ def _gateway(name: str, work: Path, cfg: Path, baseline: Baseline | None,
 def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     model = load_profile(PROFILE).model
-    bodies = {"small": small_body(model), "stream": stream_body(model, 64, usage=True)}
+    bodies = {"small": small_body(model), "stream": stream_body(model, 64, usage=True),
+              "stream-no-usage": stream_body(model, 64, usage=False)}  # fmt: skip
     cells: dict[tuple[str, str], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-instructions-") as tmp:
         work = Path(tmp)
@@ -276,7 +285,7 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
     for row in report["rows"]:
         g, b = row["gateway"], row["baseline"]
         rows.append([
-            "small (4 tokens)" if row["kind"] == "small" else "stream (64 tokens, 66 events)",
+            _LABELS[row["kind"]],
             str(row["requests"]), _fmt(statistics.median(g)), _fmt(statistics.median(b)),
             f"{row['ratio']:.3f}x", "MET" if row["met"] else "NOT MET",
             " / ".join(_fmt(v) for v in g), " / ".join(_fmt(v) for v in b),
@@ -301,7 +310,9 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
         f" connection: {opts.warmup} to warm up, then the counters are zeroed and"
         f" {opts.requests} requests of each kind are counted. Instructions of the whole gateway"
         " process (uvicorn, aiohttp, Python) divided by the requests; the median over rounds"
-        " (each round a fresh process, targets alternating)."
+        " (each round a fresh process, targets alternating). Both run the routing modules from"
+        " their sources (`TIERGATE_COMPILED=0`). A stream with no usage asked: the gateway asks"
+        " the engine for it and takes the usage event out."
         + (" Every request's prompt is one never sent before (a serial number appended)."
            if opts.one_off else " Every request is the same."),
         f"- Criterion: the working tree's gateway no more than {MAX_RATIO:.2f}x the baseline's.",

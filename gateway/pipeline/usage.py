@@ -23,11 +23,27 @@ _ASK = b',"stream_options":{"include_usage":true}}'
 
 
 def without_usage_events(body: bytes) -> bytes:
-    """`body` (whole SSE events) without the usage-only events (`"choices":[]`)."""
-    if _USAGE_ONLY not in body:
+    """`body` (whole SSE events) without the usage-only events (`"choices":[]`): each cut out
+    where it is found, the others left as they are (not split into events and tested one by
+    one: CPython 3.11's `sub in bytes` raises and clears a TypeError per test, which callgrind
+    counted as a third of a stream's `in` tests)."""
+    i = body.find(_USAGE_ONLY)
+    if i == -1:
         return body
-    events = body.split(b"\n\n")
-    return b"\n\n".join(e for e in events if _USAGE_ONLY not in e)
+    kept: list[bytes] = []
+    start = 0
+    while i != -1:
+        begin = body.rfind(b"\n\n", start, i)
+        begin = start if begin == -1 else begin + 2
+        end = body.find(b"\n\n", i)
+        if end == -1:  # the last event, unterminated: its separator before it goes too
+            kept.append(body[start : max(begin - 2, start)])
+            return b"".join(kept)
+        kept.append(body[start:begin])
+        start = end + 2
+        i = body.find(_USAGE_ONLY, start)
+    kept.append(body[start:])
+    return b"".join(kept)
 
 
 def ask_usage(ex: Exchange) -> None:

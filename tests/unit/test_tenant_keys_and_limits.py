@@ -214,5 +214,25 @@ def test_usage_events_are_taken_out() -> None:
     assert without_usage_events(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
 
 
+_TEXT = b'data: {"choices":[{"text":"a"}]}'
+_USAGE = b'data: {"choices":[],"usage":{"total_tokens":3}}'
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [_USAGE], [_USAGE, b"data: [DONE]"], [_TEXT, _USAGE], [_USAGE, _TEXT, _USAGE],
+        [_TEXT, _USAGE, _USAGE, _TEXT], [_TEXT, _TEXT], [], [b": a comment", _USAGE, _TEXT],
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("terminated", [True, False])
+def test_usage_events_are_cut_as_splitting_into_events_would(
+    events: list[bytes], terminated: bool
+) -> None:
+    body = b"\n\n".join(events) + (b"\n\n" if terminated and events else b"")
+    split = b"\n\n".join(e for e in body.split(b"\n\n") if b'"choices":[]' not in e)
+    assert without_usage_events(body) == split
+
+
 def test_verdict_headers_only_for_the_limits_set() -> None:
     assert Verdict(True).headers() == []

@@ -331,7 +331,8 @@ class StreamTranslator:
         return b"".join(out)
 
     def _event(self, event: bytes) -> bytes:
-        if event.startswith(b"data:") and b"\n" not in event:
+        # `find`, not `in`: see gateway.wire.vllm.adapter.VllmRelay.feed (every event).
+        if event.startswith(b"data:") and event.find(b"\n") == -1:
             data = event[5:]  # the usual event: one data line
         else:
             data = b"".join(

@@ -59,13 +59,16 @@ class VllmRelay:
         self.engine_error = False
 
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
+        # `find`, not `in`, on this path (every read of a stream): CPython 3.11's `sub in bytes`
+        # first tries `sub` as an integer, raising and clearing a TypeError each time, which
+        # callgrind counts as ~1,800 instructions of each test.
         text = has_text(chunk)
         if text:
             self.text_events += chunk.count(b"data: ")
-        if _ERROR_EVENT in chunk:
+        if chunk.find(_ERROR_EVENT) != -1:
             # vLLM's own mid-stream error event, relayed as is; it can share a read with text.
             self.engine_error = True
-        if b'"usage"' in chunk and (n := completion_tokens(chunk)) is not None:
+        if chunk.find(b'"usage"') != -1 and (n := completion_tokens(chunk)) is not None:
             self.completion_tokens = n
         return chunk, text
 
