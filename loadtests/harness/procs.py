@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Collection, Iterator, Sequence
@@ -32,13 +33,46 @@ def _ephemeral() -> tuple[int, int]:
 _LOWEST = 10_000
 
 
+# Ports drawn here, claimed against every other process that draws here (tests in parallel,
+# each holding ports it drew for servers it may start only later): a file per port.
+_CLAIMS = Path(tempfile.gettempdir()) / "tiergate-ports"
+# A claim older than this is stale (its process is gone or long done): nothing here keeps a
+# port unbound this long, and a port bound by then fails `bindable` anyway.
+_CLAIM_S = 900.0
+
+
+def _claim(port: int) -> bool:
+    """Whether this process may have `port`: its claim created now, or the claim found stale
+    and replaced. Another process's live claim: no."""
+    path = _CLAIMS / str(port)
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime < _CLAIM_S:
+                    return False
+                path.unlink()
+            except OSError:  # gone meanwhile (try again), or another user's
+                continue
+        except OSError:
+            return True  # no claims here (a read-only temporary folder): `bindable` decides
+    return False
+
+
 def free_ports(n: int = 1, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
-    """The first of `n` consecutive ports that nothing holds now (none in `avoid`), drawn at
-    random below the kernel's ephemeral range. Not from that range (a bind to port 0): there a
-    client that polls a server not yet listening may be given the server's port as its own end
-    and connect to itself (reading back its own request), holding the port the server then
-    cannot bind, and any outgoing connection of the machine may take a port meant for a
-    server between its choice and its bind."""
+    """The first of `n` consecutive ports that nothing holds now (none in `avoid`, none drawn
+    by another process in the last `_CLAIM_S` seconds), drawn at random below the kernel's
+    ephemeral range.
+
+    Not from that range (a bind to port 0): there a client that polls a server not yet
+    listening may be given the server's port as its own end and connect to itself (reading back
+    its own request), holding the port the server then cannot bind, and any outgoing
+    connection of the machine may take a port meant for a server between its choice and its
+    bind. Claimed, because a port drawn for a server that starts later (`tiergate up`'s
+    simulators added by the planner) is bindable until then, and a test beside it would
+    otherwise draw it too."""
     low, high = _ephemeral()
     if low - n > _LOWEST + 1000:
         span = (_LOWEST, low - n)  # below the range
@@ -46,10 +80,13 @@ def free_ports(n: int = 1, host: str = "127.0.0.1", avoid: Collection[int] = ())
         span = (high + 1, 65535 - n)  # above it
     else:
         span = (1024, 65535 - n)  # it covers nearly every port: anywhere
+    with contextlib.suppress(OSError):
+        _CLAIMS.mkdir(mode=0o777, exist_ok=True)
     for _ in range(1000):
         first = random.randrange(*span)
         run = range(first, first + n)
-        if not any(p in run for p in avoid) and all(bindable(p, host) for p in run):
+        if (not any(p in run for p in avoid) and all(bindable(p, host) for p in run)
+                and all(_claim(p) for p in run)):  # fmt: skip
             return first
     raise RuntimeError(f"no {n} consecutive free ports in {span[0]}-{span[1] + n}")
 

@@ -1,8 +1,12 @@
-"""The harness draws a server's port again when another process binds it first."""
+"""The harness's ports: drawn again when another process binds one first, and never drawn
+twice (a port drawn for a server that starts later stays claimed)."""
 
 from __future__ import annotations
 
+import os
+import random
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +14,7 @@ import httpx
 import pytest
 
 from loadtests.harness import procs
-from loadtests.harness.procs import SimProcess, free_port
+from loadtests.harness.procs import SimProcess, free_port, free_ports
 
 
 @pytest.fixture
@@ -39,3 +43,26 @@ def test_a_port_given_by_the_caller_is_never_changed(held: int, tmp_path: Path) 
         sim.start()
     assert sim.port == held
     assert not sim.alive()
+
+
+def _draws(monkeypatch: pytest.MonkeyPatch, *firsts: int) -> None:
+    """The harness's random draws, `firsts` in this order."""
+    seq = iter(firsts)
+    monkeypatch.setattr(random, "randrange", lambda *_: next(seq))
+
+
+def test_a_port_drawn_once_is_not_drawn_again_until_its_claim_is_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drawn, other = free_port(), free_port()  # bindable all along: nobody binds them here
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        unclaimed = s.getsockname()[1]  # free once closed; never drawn by the harness
+    _draws(monkeypatch, drawn, other, unclaimed)
+    assert free_ports() == unclaimed
+    claim = procs._CLAIMS / str(drawn)
+    stale = time.time() - procs._CLAIM_S - 1
+    os.utime(claim, (stale, stale))
+    _draws(monkeypatch, drawn)
+    assert free_ports() == drawn
+    assert time.time() - claim.stat().st_mtime < 60  # claimed afresh
