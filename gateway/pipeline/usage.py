@@ -24,9 +24,9 @@ _ASK = b',"stream_options":{"include_usage":true}}'
 
 def without_usage_events(body: bytes) -> bytes:
     """`body` (whole SSE events) without the usage-only events (`"choices":[]`): each cut out
-    where it is found, the others left as they are (not split into events and tested one by
-    one: CPython 3.11's `sub in bytes` raises and clears a TypeError per test, which callgrind
-    counted as a third of a stream's `in` tests)."""
+    where it is found, the others left as they are; not split into events each tested with
+    `in`, which on CPython 3.11 raises and clears a TypeError per test (see
+    gateway.wire.vllm.adapter.VllmRelay.feed; docs/results/instructions-bytes-find)."""
     i = body.find(_USAGE_ONLY)
     if i == -1:
         return body
