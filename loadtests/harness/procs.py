@@ -160,16 +160,17 @@ class ManagedProcess:
         """Start and wait until ready. A port drawn here that another process (a parallel test,
         a server that chose it too) binds between the draw and the bind is drawn again: the
         process then exits early while someone else holds its port."""
-        drawn = not self.port
-        for attempt in range(3):
-            if drawn:
-                self.port = free_port(self.host)
+        if self.port:  # the caller's: never changed
+            return self._launch(timeout)
+        for _ in range(2):
+            self.port = free_port(self.host)
             try:
                 return self._launch(timeout)
             except RuntimeError:
-                if not drawn or attempt == 2 or bindable(self.port, self.host):
-                    raise
-        raise AssertionError("unreachable")
+                if bindable(self.port, self.host):
+                    raise  # not taken by another process: a failure of its own
+        self.port = free_port(self.host)
+        return self._launch(timeout)
 
     def _launch(self, timeout: float) -> Self:
         cmd = self.command()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -56,6 +57,7 @@ def cpu(pids: Pids) -> tuple[float, float]:
     return user, system
 
 
+@dataclass
 class Tree(GatewayProcess):
     """The gateway of the tree at `root` (this one's when empty)."""
 
@@ -70,8 +72,8 @@ class Tree(GatewayProcess):
 def gateway(work: Path, sim: SimProcess, root: str) -> Iterator[tuple[str, Pids]]:
     cfg = work / "gw.yaml"
     cfg.write_text(yaml.safe_dump(gateway_config(sim.url, MODEL)))
-    gw = Tree(config=cfg, log=work / "gw.log", env={"PYTHONPATH": root} if root else None)
-    gw.root = root
+    gw = Tree(config=cfg, log=work / "gw.log", env={"PYTHONPATH": root} if root else None,
+              root=root)  # fmt: skip
     with gw:
         yield gw.url, lambda: [gw.pid]
 
