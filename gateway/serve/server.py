@@ -93,6 +93,19 @@ CLIENT_GONE = "tiergate.client_gone"
 CONNECTION_WRITER = "tiergate.connection_writer"
 
 
+# The bytes `send` refuses in a header's name and in its value: those its regular expressions
+# (a character class each) match, found here by deleting them (`bytes.translate`, a table
+# lookup a byte) rather than by a regular expression's search (~50 instructions a byte: 11,500
+# of a small answer's ~614,000).
+_NAME_BYTES = bytes(b for b in range(256) if HEADER_RE.fullmatch(bytes([b])))
+_VALUE_BYTES = bytes(b for b in range(256) if HEADER_VALUE_RE.fullmatch(bytes([b])))
+
+
+def _refused(data: bytes, refused: bytes) -> bool:
+    """Whether `data` holds any of the bytes in `refused`."""
+    return len(data.translate(None, refused)) != len(data)
+
+
 class ConnectionWriter:
     """Writes to a request's connection past uvicorn's `send` (its cycle's state kept as
     `send` keeps it), for what the gateway writes most:
@@ -193,8 +206,8 @@ class ConnectionWriter:
         names = [name.lower() for name, _ in every]
         given = names[:-1] if framing == b"content-length" else names
         if (b"content-length" in given or b"transfer-encoding" in given
-                or HEADER_RE.search(b"".join(names))  # (a regular expression each in `send`)
-                or HEADER_VALUE_RE.search(b"\t".join([v for _, v in every]))):  # fmt: skip
+                or _refused(b"".join(names), _NAME_BYTES)
+                or _refused(b"\t".join([v for _, v in every]), _VALUE_BYTES)):  # fmt: skip
             return None  # (a tab is allowed in a value, so joining with one hides nothing)
         out = [STATUS_LINE[status]]
         closes = False

@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    RequestResponseCycle,
+)
 
 from gateway.serve.server import ConnectionWriter
 
@@ -205,6 +209,22 @@ async def test_a_whole_answer_send_must_write_is_left_to_it(
     assert ConnectionWriter(c).whole(200, headers, b"{}") is False, why
     assert written.written == []
     assert not c.response_started
+
+
+@pytest.mark.parametrize("byte", range(256))
+async def test_every_byte_in_a_header_is_refused_exactly_where_send_refuses_it(byte: int) -> None:
+    """The writer's test of names and values (bytes deleted by a table) against `send`'s
+    regular expressions, for every byte alone and amid allowed ones."""
+    for name, value in [
+        (bytes([byte]), b"x"),
+        (b"x-" + bytes([byte]) + b"-y", b"x"),
+        (b"x-note", bytes([byte])),
+        (b"x-note", b"a" + bytes([byte]) + b"b"),
+    ]:
+        refused = bool(HEADER_RE.search(name) or HEADER_VALUE_RE.search(value))
+        c, written = cycle()
+        assert ConnectionWriter(c).whole(200, [(name, value)], b"{}") is not refused, (name, value)
+        assert bool(written.written) is not refused
 
 
 async def test_a_whole_answer_waits_for_send_where_the_client_reads_slower() -> None:

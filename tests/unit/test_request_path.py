@@ -303,6 +303,28 @@ def test_the_relay_passes_bytes_through_and_counts() -> None:
     assert json.loads(tail.split("\n\n")[0][6:])["error"]["code"] == 502
 
 
+ERROR_EVENT = b'data: {"error": {"message": "x", "code": 500}}\n\n'
+SPOKEN = (b'data: {"id":"c","choices":[{"index":0,"text":"data: {\\"error\\"",'
+          b'"finish_reason":null}]}\n\n')  # fmt: skip
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize(
+    "chunk",
+    [CHUNK, CHAT_CHUNK, EMPTY, USAGE, ERROR, ERROR_EVENT, CHUNK + ERROR_EVENT,
+     CHAT_CHUNK + ERROR_EVENT, ERROR_EVENT + CHUNK, CHUNK + CHUNK + ERROR_EVENT, SPOKEN,
+     SPOKEN + ERROR_EVENT, EMPTY + ERROR_EVENT, b"", b"data: [DONE]\n\n"],
+)  # fmt: skip
+def test_a_read_is_counted_as_every_search_of_it_would_count_it(chunk: bytes, chat: bool) -> None:
+    """The relay's counts, with as few searches of a read as will do, against the plain ones:
+    text by either key, every `data: ` of a read with text, an error event anywhere in it."""
+    relay = VllmRelay(chat)
+    out, text = relay.feed(chunk)
+    assert (out, text) == (chunk, has_text(chunk))
+    assert relay.text_events == (chunk.count(b"data: ") if text else 0)
+    assert relay.engine_error is (chunk.find(b'data: {"error"') != -1)
+
+
 # -- tenants' priorities -----------------------------------------------------------------------
 
 KEYS = {"inter": ("interactive", "sk-i"), "std": ("standard", "sk-s"), "bat": ("batch", "sk-b")}
