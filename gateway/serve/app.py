@@ -321,6 +321,19 @@ def create_app(settings: Settings, hosting: Hosting | None = None) -> GatewayApp
         names = sorted(gw.registry.models | gw.control.releases.table.keys())
         return api.ModelList(data=[api.ModelCard(id=m, created=now) for m in names])
 
+    @app.get(
+        "/v1/models/{model:path}",
+        tags=["OpenAI"],
+        responses={404: {"model": api.ErrorResponse, "description": "No such model here."}},
+    )
+    async def model(request: Request, model: str) -> api.ModelCard:
+        """One model the gateway serves, as /v1/models lists it (the OpenAI SDK's
+        `models.retrieve`; a name holding `/` may come percent-encoded or not)."""
+        gw = _gateway(request)
+        if model not in gw.registry.models and model not in gw.control.releases.table:
+            raise HTTPException(404, f"The model `{model}` does not exist.")
+        return api.ModelCard(id=model, created=int(time.time()))
+
     @app.get("/health", tags=["Operations"])
     async def health() -> api.Health:
         """Liveness: the process answers."""

@@ -73,6 +73,10 @@ def test_openai_client_non_streaming_and_streaming(stack: Stack) -> None:
     assert chat[-1].choices[0].finish_reason == "length"
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL  # its `/` sent as %2F
+    assert httpx.get(f"{stack.gateway.url}/v1/models/{MODEL}").json()["id"] == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("nope")
 
 
 def test_single_request_goes_to_the_latency_tier(stack: Stack) -> None:

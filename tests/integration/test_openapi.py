@@ -63,6 +63,11 @@ def test_every_endpoint_is_listed_with_its_models(spec: dict[str, Any]) -> None:
             assert err == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
     for path in SIDE:
         assert "200" in paths[path]["get"]["responses"], path
+    one = paths["/v1/models/{model}"]["get"]["responses"]
+    assert one["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ModelCard"}
+    assert one["404"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorResponse"}
     assert "503" in paths["/ready"]["get"]["responses"]
     assert not any(p.startswith("/static") for p in paths)
 
