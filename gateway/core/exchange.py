@@ -222,7 +222,8 @@ class Exchange:
     # -- the answer on its way out
     # What its body goes through to the client, in order, chunk by chunk (whole SSE events of a
     # stream): those that read it (usage, for limits) before those that change it (the usage
-    # events the client did not ask for taken out).
+    # events the client did not ask for taken out). Filters of the usage only: a stream's
+    # events reach them where they hold a usage object (StreamRelay.carried_usage).
     body_filters: list[Callable[[bytes], bytes]] = field(default_factory=list)
     # The server's direct writes to the client (None: ASGI messages only).
     writer: ConnectionWriter | None = None

@@ -217,6 +217,10 @@ class SplicedRelay:
         self.completion_tokens: int | None = None
         self.engine_error = False
 
+    @property
+    def carried_usage(self) -> bool:
+        return self.inner.carried_usage  # the splicer rewrites the counts, the event stays
+
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
         inner, before = self.inner, self.splicer.progress.tokens
         _, text = inner.feed(chunk)

@@ -548,7 +548,8 @@ class Upstream:
 
 class _Events:
     """A stream's pieces as the engine sent them, into whole SSE events for the client: each
-    piece noted for the watchdog, its text timed, kept for a continuation, filtered."""
+    piece noted for the watchdog; its events read by the relay, their text timed, kept for a
+    continuation, filtered."""
 
     __slots__ = (
         "clock", "ex", "filters", "held", "last", "lease", "relay", "transcript", "writer",
@@ -562,20 +563,26 @@ class _Events:
     def __call__(self, chunk: bytes) -> bytes:
         """What of `chunk` goes to the client now (b"": nothing yet)."""
         self.lease.last_io = now = self.clock()
-        out, text = self.relay.feed(chunk)
+        # Whole events to the relay, however the engine's bytes were cut into reads: its text
+        # found and timed, its tokens and usage counted, as the client will read them.
+        if self.held or not chunk.endswith(b"\n\n"):
+            chunk, self.held = whole_events(self.held, chunk)
+            if not chunk:
+                return b""
+        relay = self.relay
+        out, text = relay.feed(chunk)
         if text:
             ex = self.ex
             if ex.first_text_at is None:
                 ex.first_text_at = now
             ex.last_text_at = now
-        if self.held or (out and not out.endswith(b"\n\n")):
-            out, self.held = whole_events(self.held, out)
         if out:
             if self.transcript is not None:
                 self.transcript.append(out)
             self.last = out
-            for f in self.filters:
-                out = f(out)
+            if relay.carried_usage:  # the body filters are the usage's (Exchange.body_filters)
+                for f in self.filters:
+                    out = f(out)
         return out
 
     def write(self, chunk: bytes) -> bool:

@@ -26,9 +26,9 @@ import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -326,7 +326,9 @@ def create_app(settings: Settings, hosting: Hosting | None = None) -> GatewayApp
         tags=["OpenAI"],
         responses={404: {"model": api.ErrorResponse, "description": "No such model here."}},
     )
-    async def model(request: Request, model: str) -> api.ModelCard:
+    async def model(
+        request: Request, model: Annotated[str, Path(min_length=1, max_length=1024)]
+    ) -> api.ModelCard:
         """One model the gateway serves, as /v1/models lists it (the OpenAI SDK's
         `models.retrieve`; a name holding `/` may come percent-encoded or not)."""
         gw = _gateway(request)

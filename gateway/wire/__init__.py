@@ -56,8 +56,12 @@ class StreamRelay(Protocol):
     @property
     def engine_error(self) -> bool: ...  # the engine sent an error event of its own
 
+    @property
+    def carried_usage(self) -> bool: ...  # what the last `feed` gave out holds a usage object
+
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
-        """Bytes for the client from `chunk`, and whether `chunk` carried generated text."""
+        """Bytes for the client from `chunk` (whole SSE events), and whether `chunk` carried
+        generated text."""
         ...
 
     def close(self) -> bytes:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.procs import GatewayProcess
 
@@ -275,9 +276,28 @@ def _sse_text(body: str) -> tuple[str, list[dict[str, object]], bool]:
     return text, usages, done
 
 
+def _counted(gateway: str, model: str) -> tuple[float, float]:
+    """The gateway's own count of a model's streamed tokens, and of its streams timed to their
+    first token (/metrics)."""
+    tokens = first = 0.0
+    for family in text_string_to_metric_families(httpx.get(gateway + "/metrics").text):
+        for s in family.samples:
+            if s.labels.get("model") != model:
+                continue
+            if s.name == "tiergate_output_tokens_total":
+                tokens += s.value
+            elif s.name == "tiergate_ttft_seconds_count":
+                first += s.value
+    return tokens, first
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.valid], ids=lambda c: c.name)
 def test_a_valid_answer_reaches_the_client_exactly(gateway: str, case: Case) -> None:
-    body = {"model": case.name, "prompt": "hi", "max_tokens": 5, "stream": case.stream}
+    body: dict[str, object] = {"model": case.name, "prompt": "hi", "max_tokens": 5,
+                               "stream": case.stream}  # fmt: skip
+    if case.stream:
+        body["stream_options"] = {"include_usage": True}
+    before = _counted(gateway, case.name)
     r = httpx.post(gateway + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     if not case.stream:
@@ -285,6 +305,13 @@ def test_a_valid_answer_reaches_the_client_exactly(gateway: str, case: Case) -> 
         return
     text, usages, done = _sse_text(r.text)
     assert (text, usages, done) == ("".join(TEXT), [USAGE], True)
+    # The gateway read the stream as the client did, however the engine's bytes were cut into
+    # reads: its text timed from the first token, its tokens counted from its usage.
+    # (Recorded once the request is over, which may be just after the client has its end.)
+    deadline = time.monotonic() + 10
+    while (counted := _counted(gateway, case.name)) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (counted[0] - before[0], counted[1] - before[1]) == (len(TEXT), 1)
     # Re-emitted in the form every client reads: LF line ends, `data: ` with its space.
     assert "\r" not in r.text
     assert r.text.endswith("data: [DONE]\n\n")
@@ -305,6 +332,16 @@ def test_a_broken_answer_is_a_clean_gateway_error(gateway: str, case: Case) -> N
     assert took < FIRST_BYTE_TIMEOUT_S * 2 + 5, took
     if case.name == "huge-headers":
         assert "response headers larger than" in error["message"]
+
+
+@pytest.mark.parametrize("name", ["sse-lf", "sse-crlf-byte-by-byte"])
+def test_usage_a_client_did_not_ask_for_is_taken_out(gateway: str, name: str) -> None:
+    """The gateway asks every engine for usage; a client that did not ask gets none, however
+    the engine writes its JSON (here with spaces: `"choices": []`) or cuts its events."""
+    body = {"model": name, "prompt": "hi", "max_tokens": 5, "stream": True}
+    r = httpx.post(gateway + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert _sse_text(r.text) == ("".join(TEXT), [], True)
 
 
 def test_the_broken_engines_left_no_connection_stuck(gateway: str) -> None:

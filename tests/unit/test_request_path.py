@@ -282,7 +282,15 @@ ERROR = b'data: {"error": {"message": "boom", "type": "x", "param": null, "code"
 @pytest.mark.parametrize(
     ("chunk", "text", "tokens"),
     [(CHUNK, True, None), (EMPTY, False, None), (CHAT_CHUNK, True, None), (USAGE, False, 17),
-     (CHUNK + CHUNK, True, None), (b"", False, None)],
+     (CHUNK + CHUNK, True, None), (b"", False, None),
+     # JSON's whitespace around the colon (Python's json.dumps writes `"text": "..."`)
+     (b'data: {"choices": [{"text": " word"}]}\n\n', True, None),
+     (b'data: {"choices":[{"text" :\t" word"}]}\n\n', True, None),
+     (b'data: {"choices": [{"text": ""}]}\n\n', False, None),
+     (b'data: {"choices": [{"delta": {"content": null}}]}\n\n', False, None),
+     (b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', True, None),
+     (b'data: {"note": "text", "choices": [{"text": "x"}]}\n\n', True, None),
+     (b'data: {"choices": [], "usage": {"completion_tokens": 17}}\n\n', False, 17)],
 )  # fmt: skip
 def test_what_a_chunk_carries(chunk: bytes, text: bool, tokens: int | None) -> None:
     assert has_text(chunk) is text
@@ -323,6 +331,7 @@ def test_a_read_is_counted_as_every_search_of_it_would_count_it(chunk: bytes, ch
     assert (out, text) == (chunk, has_text(chunk))
     assert relay.text_events == (chunk.count(b"data: ") if text else 0)
     assert relay.engine_error is (chunk.find(b'data: {"error"') != -1)
+    assert relay.carried_usage is (chunk.find(b'"usage"') != -1)
 
 
 # -- tenants' priorities -----------------------------------------------------------------------

@@ -216,6 +216,9 @@ def test_usage_events_are_taken_out() -> None:
 
 _TEXT = b'data: {"choices":[{"text":"a"}]}'
 _USAGE = b'data: {"choices":[],"usage":{"total_tokens":3}}'
+# An engine writing its JSON with spaces (json.dumps' defaults, and more): every event alike.
+_TEXT_SPACED = b'data: {"choices": [{"text": "a"}]}'
+_SPACED = b'data: {"choices" : [ ], "usage": {"total_tokens": 3}}'
 
 
 @pytest.mark.parametrize(
@@ -223,6 +226,8 @@ _USAGE = b'data: {"choices":[],"usage":{"total_tokens":3}}'
     [
         [_USAGE], [_USAGE, b"data: [DONE]"], [_TEXT, _USAGE], [_USAGE, _TEXT, _USAGE],
         [_TEXT, _USAGE, _USAGE, _TEXT], [_TEXT, _TEXT], [], [b": a comment", _USAGE, _TEXT],
+        [_SPACED], [_TEXT_SPACED, _SPACED], [_SPACED, _TEXT_SPACED, _SPACED],
+        [_TEXT_SPACED, _SPACED, _SPACED], [_TEXT_SPACED, _TEXT_SPACED],
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("terminated", [True, False])
@@ -230,7 +235,8 @@ def test_usage_events_are_cut_as_splitting_into_events_would(
     events: list[bytes], terminated: bool
 ) -> None:
     body = b"\n\n".join(events) + (b"\n\n" if terminated and events else b"")
-    split = b"\n\n".join(e for e in body.split(b"\n\n") if b'"choices":[]' not in e)
+    usage_only = (_USAGE, _SPACED)
+    split = b"\n\n".join(e for e in body.split(b"\n\n") if e not in usage_only)
     assert without_usage_events(body) == split
 
 

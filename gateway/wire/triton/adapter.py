@@ -394,10 +394,11 @@ class StreamTranslator:
 class _Relay:
     """A Triton stream as the gateway's StreamRelay."""
 
-    __slots__ = ("tr",)
+    __slots__ = ("carried_usage", "tr")
 
     def __init__(self, tr: StreamTranslator) -> None:
         self.tr = tr
+        self.carried_usage = False
 
     @property
     def text_events(self) -> int:
@@ -414,6 +415,7 @@ class _Relay:
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
         seen = self.tr.text_events
         out = self.tr.feed(chunk)
+        self.carried_usage = out.find(b'"usage"') != -1  # (continuous usage: the gateway's own)
         return out, self.tr.text_events != seen
 
     def close(self) -> bytes:

@@ -21,21 +21,39 @@ __all__ = ["ADAPTER", "VllmAdapter", "VllmRelay", "completion_tokens", "has_text
 
 DONE = b"data: [DONE]\n\n"
 _ERROR_EVENT = b'data: {"error"'
-_TEXT_KEYS = (b'"text":"', b'"content":"')
+_TEXT_KEYS = (b'"text"', b'"content"')
 _CHAT_KEYS = _TEXT_KEYS[::-1]  # a chat's text is its delta's `content`: looked for first
 _USAGE_KEY = b'"completion_tokens":'
+_SPACE = frozenset(b" \t\r\n")  # JSON's whitespace
 
 
 def has_text(chunk: bytes, keys: tuple[bytes, ...] = _TEXT_KEYS) -> bool:
-    """Whether an SSE chunk carries generated text (completions `text` or chat `content`;
-    `keys`: the order they are looked for in)."""
+    """Whether an SSE chunk carries generated text (completions `text` or chat `content`: a
+    non-empty string; `keys`: the order they are looked for in)."""
     for key in keys:
         i = chunk.find(key)
         while i != -1:
-            if chunk[i + len(key) : i + len(key) + 1] != b'"':
+            if _string_follows(chunk, i + len(key)):
                 return True
             i = chunk.find(key, i + 1)
     return False
+
+
+def _string_follows(chunk: bytes, j: int) -> bool:
+    """Whether a key ending at `j` has a non-empty string for its value: `:"` then anything
+    but `"`, with JSON's whitespace allowed around the colon (an engine writing its JSON with
+    Python's `json.dumps` defaults sends `"text": "..."`)."""
+    if chunk[j : j + 2] == b':"':  # compact, as vLLM writes it
+        return chunk[j + 2 : j + 3] != b'"'
+    end = len(chunk)
+    while j < end and chunk[j] in _SPACE:
+        j += 1
+    if chunk[j : j + 1] != b":":
+        return False
+    j += 1
+    while j < end and chunk[j] in _SPACE:
+        j += 1
+    return chunk[j : j + 1] == b'"' and chunk[j + 1 : j + 2] != b'"'
 
 
 def completion_tokens(chunk: bytes) -> int | None:
@@ -53,12 +71,13 @@ def completion_tokens(chunk: bytes) -> int | None:
 
 
 class VllmRelay:
-    __slots__ = ("_keys", "completion_tokens", "engine_error", "text_events")
+    __slots__ = ("_keys", "carried_usage", "completion_tokens", "engine_error", "text_events")
 
     def __init__(self, chat: bool = False) -> None:
         self.text_events = 0
         self.completion_tokens: int | None = None
         self.engine_error = False
+        self.carried_usage = False
         self._keys = _CHAT_KEYS if chat else _TEXT_KEYS
 
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
@@ -73,7 +92,8 @@ class VllmRelay:
         # event begins with its `data: `: a read of one text event holds no other event.
         if chunk.startswith(_ERROR_EVENT) or (events != 1 and chunk.find(_ERROR_EVENT, 1) != -1):
             self.engine_error = True
-        if chunk.find(b'"usage"') != -1 and (n := completion_tokens(chunk)) is not None:
+        self.carried_usage = chunk.find(b'"usage"') != -1
+        if self.carried_usage and (n := completion_tokens(chunk)) is not None:
             self.completion_tokens = n
         return chunk, text
 

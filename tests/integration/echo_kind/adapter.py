@@ -26,6 +26,7 @@ class _NoRelay:
     text_events = 0
     completion_tokens: int | None = None
     engine_error = False
+    carried_usage = False
 
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
         raise AssertionError("the echo kind refuses streams")
