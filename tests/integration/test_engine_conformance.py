@@ -146,6 +146,35 @@ async def _silent(w: asyncio.StreamWriter) -> None:
     await asyncio.sleep(3600)
 
 
+THINKING_S = 2.0  # a reasoning model's pause between its reasoning and its answer
+
+
+async def _reasoning_chat(w: asyncio.StreamWriter) -> None:
+    """A reasoning model's chat stream as vLLM sends it: the role, three reasoning tokens
+    (`delta.reasoning`), a pause, two tokens of answer (`delta.content`), usage over all five."""
+
+    def event(delta: dict[str, object], **extra: object) -> bytes:
+        chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}], **extra}
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    w.write(_head(b"200 OK", SSE, b"transfer-encoding: chunked"))
+    thinking = [event({"role": "assistant", "content": ""})]
+    thinking += [event({"reasoning": t}) for t in ("Let", " me", " see")]
+    for e in thinking:
+        w.write(b"%x\r\n%s\r\n" % (len(e), e))
+    await w.drain()
+    await asyncio.sleep(THINKING_S)
+    answer = [event({"content": t}) for t in ("Four", ".")]
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    answer += [event({}, usage=usage).replace(b'"choices":[{"index":0,"delta":{},'
+                                              b'"finish_reason":null}]', b'"choices":[]'),
+               b"data: [DONE]\n\n"]  # fmt: skip
+    for e in answer:
+        w.write(b"%x\r\n%s\r\n" % (len(e), e))
+    w.write(b"0\r\n\r\n")
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -176,6 +205,7 @@ CASES = [
     Case("silent", _silent, False, False),
     Case("silent-stream", _silent, True, False),
 ]
+REASONING = Case("reasoning-chat", _reasoning_chat, True, True)
 
 
 class Engines:
@@ -240,10 +270,10 @@ class Engines:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("conformance")
     engines = Engines()
-    engines.start(CASES)
+    engines.start([*CASES, REASONING])
     tiers = [{"name": c.name, "role": "throughput", "backends": [{
         "url": f"http://127.0.0.1:{engines.ports[c.name]}", "models": [c.name]}]}
-        for c in CASES]  # fmt: skip
+        for c in [*CASES, REASONING]]  # fmt: skip
     config = {"tiers": tiers, "retry": {"first_byte_timeout_s": FIRST_BYTE_TIMEOUT_S},
               "request_timeout_s": FIRST_BYTE_TIMEOUT_S * 2, "hedge": {"enabled": False},
               "monitor": {"scrape_interval_s": 5, "probe_interval_s": 0.5}}  # fmt: skip
@@ -276,19 +306,21 @@ def _sse_text(body: str) -> tuple[str, list[dict[str, object]], bool]:
     return text, usages, done
 
 
-def _counted(gateway: str, model: str) -> tuple[float, float]:
-    """The gateway's own count of a model's streamed tokens, and of its streams timed to their
-    first token (/metrics)."""
-    tokens = first = 0.0
+def _samples(gateway: str, model: str) -> dict[str, float]:
+    """The gateway's own samples of a model's streams (/metrics), summed by name."""
+    out: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(gateway + "/metrics").text):
         for s in family.samples:
-            if s.labels.get("model") != model:
-                continue
-            if s.name == "tiergate_output_tokens_total":
-                tokens += s.value
-            elif s.name == "tiergate_ttft_seconds_count":
-                first += s.value
-    return tokens, first
+            if s.labels.get("model") == model:
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def _counted(gateway: str, model: str) -> tuple[float, float]:
+    """The gateway's own count of a model's streamed tokens, and of its streams timed to their
+    first token."""
+    got = _samples(gateway, model)
+    return got.get("tiergate_output_tokens_total", 0.0), got.get("tiergate_ttft_seconds_count", 0.0)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.valid], ids=lambda c: c.name)
@@ -342,6 +374,27 @@ def test_usage_a_client_did_not_ask_for_is_taken_out(gateway: str, name: str) ->
     r = httpx.post(gateway + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert _sse_text(r.text) == ("".join(TEXT), [], True)
+
+
+def test_a_reasoning_models_stream_is_timed_from_its_first_token(gateway: str) -> None:
+    """Reasoning tokens are the stream's first: TTFT ends at the first of them, not at the
+    answer's first (after the pause), and TPOT spans all five tokens usage counts."""
+    name = REASONING.name
+    body = {"model": name, "messages": [{"role": "user", "content": "2+2?"}], "stream": True}
+    r = httpx.post(gateway + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert "data: [DONE]" in r.text
+    assert '"usage"' not in r.text  # (not asked for)
+    deadline = time.monotonic() + 10
+    while not (got := _samples(gateway, name)).get("tiergate_tpot_seconds_count") and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    assert got["tiergate_output_tokens_total"] == 5
+    assert got["tiergate_ttft_seconds_count"] == 1
+    assert got["tiergate_ttft_seconds_sum"] < THINKING_S * 0.75
+    # Over the 4 intervals after the first token, the pause among them.
+    assert got["tiergate_tpot_seconds_sum"] > THINKING_S / 4 * 0.75
 
 
 def test_the_broken_engines_left_no_connection_stuck(gateway: str) -> None:

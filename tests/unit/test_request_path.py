@@ -290,7 +290,14 @@ ERROR = b'data: {"error": {"message": "boom", "type": "x", "param": null, "code"
      (b'data: {"choices": [{"delta": {"content": null}}]}\n\n', False, None),
      (b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', True, None),
      (b'data: {"note": "text", "choices": [{"text": "x"}]}\n\n', True, None),
-     (b'data: {"choices": [], "usage": {"completion_tokens": 17}}\n\n', False, 17)],
+     (b'data: {"choices": [], "usage": {"completion_tokens": 17}}\n\n', False, 17),
+     # a reasoning model's reasoning and a tool call's arguments are generated tokens too
+     (b'data: {"choices":[{"delta":{"reasoning":"Hm"}}]}\n\n', True, None),
+     (b'data: {"choices":[{"delta":{"reasoning_content":"Hm"}}]}\n\n', True, None),
+     (b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\\""}}]}}]}\n\n',
+      True, None),
+     (b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":""}}]}}]}'
+      b'\n\n', False, None)],
 )  # fmt: skip
 def test_what_a_chunk_carries(chunk: bytes, text: bool, tokens: int | None) -> None:
     assert has_text(chunk) is text
@@ -311,6 +318,8 @@ def test_the_relay_passes_bytes_through_and_counts() -> None:
     assert json.loads(tail.split("\n\n")[0][6:])["error"]["code"] == 502
 
 
+COMPLETION_KEYS = (b'"text"', b'"content"')
+REASONING = b'data: {"choices":[{"index":0,"delta":{"reasoning":"Let me"}}]}\n\n'
 ERROR_EVENT = b'data: {"error": {"message": "x", "code": 500}}\n\n'
 SPOKEN = (b'data: {"id":"c","choices":[{"index":0,"text":"data: {\\"error\\"",'
           b'"finish_reason":null}]}\n\n')  # fmt: skip
@@ -321,14 +330,16 @@ SPOKEN = (b'data: {"id":"c","choices":[{"index":0,"text":"data: {\\"error\\"",'
     "chunk",
     [CHUNK, CHAT_CHUNK, EMPTY, USAGE, ERROR, ERROR_EVENT, CHUNK + ERROR_EVENT,
      CHAT_CHUNK + ERROR_EVENT, ERROR_EVENT + CHUNK, CHUNK + CHUNK + ERROR_EVENT, SPOKEN,
-     SPOKEN + ERROR_EVENT, EMPTY + ERROR_EVENT, b"", b"data: [DONE]\n\n"],
+     SPOKEN + ERROR_EVENT, EMPTY + ERROR_EVENT, b"", b"data: [DONE]\n\n", REASONING,
+     REASONING + CHAT_CHUNK],
 )  # fmt: skip
 def test_a_read_is_counted_as_every_search_of_it_would_count_it(chunk: bytes, chat: bool) -> None:
     """The relay's counts, with as few searches of a read as will do, against the plain ones:
     text by either key, every `data: ` of a read with text, an error event anywhere in it."""
     relay = VllmRelay(chat)
     out, text = relay.feed(chunk)
-    assert (out, text) == (chunk, has_text(chunk))
+    # (a completion's text under `text`, or `content`; a chat's under any of its keys)
+    assert (out, text) == (chunk, has_text(chunk) if chat else has_text(chunk, COMPLETION_KEYS))
     assert relay.text_events == (chunk.count(b"data: ") if text else 0)
     assert relay.engine_error is (chunk.find(b'data: {"error"') != -1)
     assert relay.carried_usage is (chunk.find(b'"usage"') != -1)

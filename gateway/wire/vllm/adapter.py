@@ -21,15 +21,21 @@ __all__ = ["ADAPTER", "VllmAdapter", "VllmRelay", "completion_tokens", "has_text
 
 DONE = b"data: [DONE]\n\n"
 _ERROR_EVENT = b'data: {"error"'
+# Where generated tokens stream: a completion's `text`; a chat delta's `content`, its reasoning
+# (`reasoning` as vLLM's reasoning parsers send it, `reasoning_content` as older vLLM and
+# DeepSeek's API do) and its tool calls' `arguments`. A reasoning model streams its reasoning
+# first: its first token is the stream's first, and a TPOT over the tokens usage counts must
+# span them (timed from the first `content` instead, TTFT took in the whole reasoning and TPOT
+# came out a fraction of the truth).
 _TEXT_KEYS = (b'"text"', b'"content"')
-_CHAT_KEYS = _TEXT_KEYS[::-1]  # a chat's text is its delta's `content`: looked for first
+_CHAT_KEYS = (b'"content"', b'"reasoning"', b'"reasoning_content"', b'"arguments"', b'"text"')
 _USAGE_KEY = b'"completion_tokens":'
 _SPACE = frozenset(b" \t\r\n")  # JSON's whitespace
 
 
-def has_text(chunk: bytes, keys: tuple[bytes, ...] = _TEXT_KEYS) -> bool:
-    """Whether an SSE chunk carries generated text (completions `text` or chat `content`: a
-    non-empty string; `keys`: the order they are looked for in)."""
+def has_text(chunk: bytes, keys: tuple[bytes, ...] = _CHAT_KEYS) -> bool:
+    """Whether an SSE chunk carries generated text (a non-empty string under one of `keys`,
+    looked for in that order: by default any of a completion's or a chat's)."""
     for key in keys:
         i = chunk.find(key)
         while i != -1:
