@@ -70,6 +70,14 @@ class Progress:
     finished: bool  # the engine sent a finish_reason: generation was over
     role_sent: bool  # chat: the assistant role delta was sent
     errored: bool  # the engine sent an error event: not a stream to continue
+    # chat: a tool call's delta was sent. Not a stream to continue: the rest would start the
+    # call again, and the client would join two calls' arguments into one broken JSON.
+    called: bool = False
+
+
+# Where a chat delta carries a reasoning model's reasoning (vLLM's reasoning parsers; older vLLM
+# and DeepSeek's API).
+_REASONING = ("reasoning", "reasoning_content")
 
 
 def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
@@ -78,7 +86,7 @@ def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
     created: int | None = None
     tokens = 0
     usage: int | None = None
-    finished = role_sent = errored = False
+    finished = role_sent = errored = called = False
     for ev in _events(chunks):
         if not isinstance(ev, dict):
             continue
@@ -95,7 +103,13 @@ def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
             if chat:
                 delta = choice.get("delta") or {}
                 role_sent = role_sent or "role" in delta
+                called = called or bool(delta.get("tool_calls"))
                 piece = delta.get("content")
+                # A reasoning model's reasoning: generated tokens (the limit counts them), not
+                # the answer's text.
+                for key in _REASONING:
+                    if isinstance(thought := delta.get(key), str) and thought:
+                        tokens += 1
             else:
                 piece = choice.get("text")
             if isinstance(piece, str) and piece:  # not the chat role event's ""
@@ -104,13 +118,13 @@ def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
             if choice.get("finish_reason") is not None:
                 finished = True
     return Progress(ident, created, "".join(text), usage if usage is not None else tokens,
-                    finished, role_sent, errored)  # fmt: skip
+                    finished, role_sent, errored, called)  # fmt: skip
 
 
 def continued_body(data: dict[str, Any], chat: bool, progress: Progress) -> dict[str, Any] | None:
     """The request that generates the rest of the answer, or None when it cannot be continued
     (nothing left to generate, several choices, a prompt of token ids)."""
-    if data.get("n", 1) != 1 or progress.finished or progress.errored:
+    if data.get("n", 1) != 1 or progress.finished or progress.errored or progress.called:
         return None
     body = dict(data)
     key = "max_completion_tokens" if chat and data.get("max_completion_tokens") else "max_tokens"

@@ -57,6 +57,16 @@ def test_replay_of_chat_notes_the_role_and_a_finish() -> None:
     assert (p.text, p.tokens, p.role_sent, p.finished) == ("Hi!", 2, True, True)  # role: no token
 
 
+def test_replay_of_chat_counts_reasoning_as_tokens_and_notes_a_tool_call() -> None:
+    p = replay([sse(chat({"role": "assistant", "content": ""}), chat({"reasoning": "Let"}),
+                    chat({"reasoning_content": " me"}), chat({"content": "Four"}))], chat=True)
+    assert (p.text, p.tokens, p.called) == ("Four", 3, False)  # the limit counts the reasoning
+    call = {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"ci'}}]}
+    p = replay([sse(chat({"role": "assistant", "content": ""}), chat(call))], chat=True)
+    assert p.called
+    assert continued_body(BASE_CHAT, True, p) is None  # a call started again would be broken
+
+
 BASE_COMP = {"model": "m", "prompt": "Say", "max_tokens": 10, "stream": True}
 BASE_CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10,
              "stream": True}  # fmt: skip
