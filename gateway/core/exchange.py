@@ -295,8 +295,12 @@ class Exchange:
     @property
     def tpot(self) -> float | None:
         """Seconds per output token after the first (vllm bench serve's TPOT), counted by the
-        stream's usage, else by its text events; None for fewer than two."""
+        stream's usage, else by its text events; None for fewer than two. With `n` choices the
+        engine decodes n sequences side by side, a token of each a step: a choice's tokens."""
         tokens = self.output_tokens or self.text_events
+        n = self.data.get("n")
+        if isinstance(n, int) and n > 1:
+            tokens //= n
         if tokens < 2 or self.first_text_at is None or self.last_text_at is None:
             return None
         return (self.last_text_at - self.first_text_at) / (tokens - 1)

@@ -403,3 +403,27 @@ def test_vllm_priority_goes_to_engines_with_priority_scheduling(
         assert path == "/v1/completions"
         assert json.loads(body).get("priority") == sent
     assert ex.data == OKAY
+
+
+# -- a stream's TPOT ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "usage", "events", "tpot"),
+    [
+        ({}, 11, 11, 0.1),  # 11 tokens over 1 s: 10 intervals
+        ({}, None, 11, 0.1),  # no usage: one token an event
+        ({}, 21, 11, 0.05),  # speculative steps: usage counts 2 tokens an event
+        ({"n": 2}, 22, 22, 0.1),  # two choices decoded side by side: 11 tokens each
+        ({"n": 1}, 11, 11, 0.1),
+        ({}, 1, 1, None),  # a single token: no interval
+        ({"n": 3}, 3, 3, None),
+    ],
+)  # fmt: skip
+def test_a_streams_tpot_is_a_choices_time_per_token(
+    data: dict[str, Any], usage: int | None, events: int, tpot: float | None
+) -> None:
+    ex = Exchange("id", COMPLETIONS, {}, _no_send, 0.0, data=data)
+    ex.output_tokens, ex.text_events = usage, events
+    ex.first_text_at, ex.last_text_at = 2.0, 3.0
+    assert ex.tpot == (None if tpot is None else pytest.approx(tpot))
