@@ -106,10 +106,9 @@ def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
                 called = called or bool(delta.get("tool_calls"))
                 piece = delta.get("content")
                 # A reasoning model's reasoning: generated tokens (the limit counts them), not
-                # the answer's text.
-                for key in _REASONING:
-                    if isinstance(thought := delta.get(key), str) and thought:
-                        tokens += 1
+                # the answer's text; counted once where a server sends it under both names.
+                if any(isinstance(t := delta.get(k), str) and t for k in _REASONING):
+                    tokens += 1
             else:
                 piece = choice.get("text")
             if isinstance(piece, str) and piece:  # not the chat role event's ""
@@ -123,7 +122,7 @@ def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
 
 def continued_body(data: dict[str, Any], chat: bool, progress: Progress) -> dict[str, Any] | None:
     """The request that generates the rest of the answer, or None when it cannot be continued
-    (nothing left to generate, several choices, a prompt of token ids)."""
+    (nothing left to generate, several choices, a prompt of token ids, a tool call begun)."""
     if data.get("n", 1) != 1 or progress.finished or progress.errored or progress.called:
         return None
     body = dict(data)

@@ -61,6 +61,8 @@ def test_replay_of_chat_counts_reasoning_as_tokens_and_notes_a_tool_call() -> No
     p = replay([sse(chat({"role": "assistant", "content": ""}), chat({"reasoning": "Let"}),
                     chat({"reasoning_content": " me"}), chat({"content": "Four"}))], chat=True)
     assert (p.text, p.tokens, p.called) == ("Four", 3, False)  # the limit counts the reasoning
+    both = chat({"reasoning": "Let", "reasoning_content": "Let"})  # one token, under two names
+    assert replay([sse(both)], chat=True).tokens == 1
     call = {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"ci'}}]}
     p = replay([sse(chat({"role": "assistant", "content": ""}), chat(call))], chat=True)
     assert p.called
