@@ -7,6 +7,10 @@ adapter's parser) and, every `probe_interval_s`, its health endpoint. A backend 
 non-200, and when it has work but its generated-token counter has not moved for `stall_after_s`
 (an engine that still answers /health and /metrics but produces nothing). Backends down are
 probed every `probe_interval_s` and come back after one good probe that shows no stall.
+An engine that serves no metrics page at all (404, 405 or 501 there: SGLang without
+`--enable-metrics`, llama.cpp's server without `--metrics`) stays in rotation while its health
+check passes, its load known from the gateway's own requests and timings, as for an engine whose
+page names nothing the adapter reads; a warning says so once.
 Backends ejected for their requests' outcomes (gateway.backends.outlier) are still scraped, and
 come back through probation, not a probe: each round moves those whose ejection ran out. A
 backend whose kind has a readiness check of its own is probed by it (Triton's: the server and
@@ -37,11 +41,15 @@ __all__ = ["Monitor", "ScrapeFailed", "merge"]
 
 log = logging.getLogger(__name__)
 
+# A metrics URL that the engine does not serve: not an unwell engine.
+_NO_METRICS_PAGE = frozenset({404, 405, 501})
+
 
 class ScrapeFailed(Exception):
     """A scrape that did not produce load figures. `hard`: the backend said it is unwell (a
-    non-200 health or metrics answer), which ejects at once; otherwise (timeouts, refused
-    connections, an unparsable page) only repeated failures do."""
+    non-200 health answer, a metrics answer other than 200 or "no such page"), which ejects at
+    once; otherwise (timeouts, refused connections, an unparsable page) only repeated failures
+    do."""
 
     def __init__(self, why: str, *, hard: bool) -> None:
         super().__init__(why)
@@ -96,6 +104,7 @@ class Monitor:
         self._watch: dict[str, _Watch] = {}
         # Kinds with a readiness check of their own (Triton's, through tritonclient).
         self._ready: dict[str, Readiness] = {}
+        self._unmetered: set[str] = set()  # backends warned of as serving no metrics page
         self._generation = -1
         self._follow()
 
@@ -196,12 +205,26 @@ class Monitor:
             async with self.session.get(
                 entry.metrics_url, headers=auth, timeout=self._timeout
             ) as r:
+                if r.status in _NO_METRICS_PAGE:
+                    await r.read()
+                    self._unmetered_once(entry, r.status)
+                    return {}, max(before, self.registry.inflight(entry))
                 if r.status != 200:
                     return ScrapeFailed(f"metrics {r.status}", hard=True), None
                 text = await r.text()
+            self._unmetered.discard(entry.url)
             return entry.adapter.parse_metrics(text), max(before, self.registry.inflight(entry))
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, UnicodeDecodeError) as e:
             return ScrapeFailed(type(e).__name__, hard=False), None
+
+    def _unmetered_once(self, entry: BackendEntry, status: int) -> None:
+        if entry.url not in self._unmetered:
+            self._unmetered.add(entry.url)
+            log.warning(
+                "backend serves no metrics page: its load is known from the gateway's own "
+                "requests only", extra={"fields": {"backend": entry.url,
+                                                    "metrics_url": entry.metrics_url,
+                                                    "status": status}})  # fmt: skip
 
     def observe(
         self,

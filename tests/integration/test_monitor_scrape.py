@@ -1,13 +1,16 @@
 """The load monitor over a real socket: an engine that answers its metrics late counted the
 streams it held when asked, not those left when its answer came. A batch of the gateway's own
 streams that ended meanwhile must not be read as another gateway's load (it made a backend look
-saturated with nothing on it, and conversations left their caches)."""
+saturated with nothing on it, and conversations left their caches). An engine with no metrics
+page stays in rotation; one whose metrics fail is taken out."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from gateway.backends.monitor import Monitor
@@ -74,5 +77,44 @@ async def test_our_streams_that_ended_during_a_late_scrape_are_not_counted_as_ot
         load = registry.snapshot().load(engine.url)
         assert (load.running, load.inflight) == (HELD, 0)
         assert load.effective == 0  # the engine's 25 were ours, and they are over
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(("status", "ejected"), [(404, False), (501, False), (500, True)])
+async def test_an_engine_without_a_metrics_page_stays_in_rotation(
+    status: int, ejected: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang without `--enable-metrics` answers /metrics with 404, llama.cpp's server without
+    `--metrics` with 501: healthy engines, served on the gateway's own counts (a warning, once).
+    A metrics page that fails (500) is an unwell engine, out of rotation at once."""
+    port = free_port()
+    app = web.Application()
+    app.router.add_get("/health", _ok)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(status=status, text="not here")
+
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    settings = Settings(tiers=[{"name": "pool", "role": "throughput",
+                                "backends": [{"url": url, "models": [MODEL]}]}])  # fmt: skip
+    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    try:
+        async with aiohttp.ClientSession() as session:
+            monitor = Monitor(registry, settings.monitor, session, Telemetry())
+            with caplog.at_level(logging.WARNING, logger="gateway.backends.monitor"):
+                for _ in range(3):
+                    await monitor.refresh()
+        entry = registry.entries[url]
+        assert entry.live.ejected is ejected
+        warned = [r for r in caplog.records if "no metrics page" in r.getMessage()]
+        assert len(warned) == (0 if ejected else 1)
+        if not ejected:
+            registry.store.acquire(url)  # the gateway's own count is the load
+            assert registry.snapshot().load(url).effective == 1
     finally:
         await runner.cleanup()
