@@ -122,7 +122,7 @@ class BackendEntry:
 
     @property
     def health_url(self) -> str:
-        return self.backend.url + self.adapter.health_path
+        return self.backend.url + (self.config.health_path or self.adapter.health_path)
 
     @property
     def metrics_url(self) -> str:

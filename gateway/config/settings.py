@@ -112,6 +112,9 @@ class BackendConfig(_Model):
     # Where the monitor reads load; default <url>/metrics. Triton serves metrics on a port of
     # their own (8002 by default), e.g. http://host:8002/metrics.
     metrics_url: str | None = None
+    # What the monitor GETs on <url> for health (200: can serve); default: its kind's (vllm:
+    # /health). An engine without that path names another (Ollama's: /, which answers 200).
+    health_path: str | None = Field(default=None, pattern=r"^/")
 
     # Extras are the kind's options, checked against the kind by `kind_problems`.
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -161,6 +164,8 @@ class BackendTemplate(_Model):
     # backend's own), at this path. Triton serves metrics on a port of their own (8002).
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_path: str = Field(default="/metrics", pattern=r"^/")
+    # What the monitor GETs for health on each discovered backend (a backend's `health_path`).
+    health_path: str | None = Field(default=None, pattern=r"^/")
 
     # Extras are the kind's options, checked against the kind by `kind_problems`.
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -172,7 +177,8 @@ class BackendTemplate(_Model):
                                  if self.metrics_port else parts.netloc,
                                  path=self.metrics_path)  # fmt: skip
         return BackendConfig(url=url, api_key=self.api_key, models=self.models, kind=self.kind,
-                             metrics_url=metrics.geturl(), **(self.model_extra or {}))  # fmt: skip
+                             metrics_url=metrics.geturl(), health_path=self.health_path,
+                             **(self.model_extra or {}))  # fmt: skip
 
 
 def url_host(host: str) -> str:

@@ -118,3 +118,29 @@ async def test_an_engine_without_a_metrics_page_stays_in_rotation(
             assert registry.snapshot().load(url).effective == 1
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(("health_path", "ejected"), [(None, True), ("/", False)])
+async def test_an_engine_without_health_at_the_kinds_path_names_its_own(
+    health_path: str | None, ejected: bool
+) -> None:
+    """An engine with no /health (Ollama's answers 200 at /, and has no metrics page) is out of
+    rotation by the kind's default, in rotation once its backend names the path it answers."""
+    port = free_port()
+    app = web.Application()
+    app.router.add_get("/", _ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    backend = {"url": url, "models": [MODEL], "health_path": health_path}
+    settings = Settings(tiers=[{"name": "pool", "role": "throughput", "backends": [backend]}])
+    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    try:
+        async with aiohttp.ClientSession() as session:
+            monitor = Monitor(registry, settings.monitor, session, Telemetry())
+            for _ in range(3):
+                await monitor.refresh()
+        assert registry.entries[url].live.ejected is ejected
+    finally:
+        await runner.cleanup()

@@ -109,6 +109,10 @@ def test_a_discovered_backend_is_made_from_the_template() -> None:
         "dns": {"name": "n", "port": 1, "record": "AAAA"},
         "backend": {"models": ["m"], "metrics_port": 9}})  # fmt: skip
     assert v6.backend.at("http://[fd00::7]:8000").scrape_url == "http://[fd00::7]:9/metrics"
+    assert b.health_path is None  # the kind's
+    own = DiscoveryConfig.model_validate(
+        {"dns": {"name": "n", "port": 1}, "backend": {"models": ["m"], "health_path": "/"}})
+    assert own.backend.at("http://10.0.0.7:8000").health_path == "/"
 
 
 # -- the registry follows the answers -------------------------------------------------------
