@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "REASONING_FIELDS",
     "BackendView",
     "ChatChoice",
     "ChatCompletion",
@@ -145,6 +146,11 @@ class ChatCompletion(_Open):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+
+
+# Where a chat delta carries a reasoning model's reasoning: `reasoning` (vLLM's reasoning
+# parsers), `reasoning_content` (older vLLM, DeepSeek's API).
+REASONING_FIELDS = ("reasoning", "reasoning_content")
 
 
 class ChatCompletionChunk(_Open):

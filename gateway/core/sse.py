@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["EventLines", "event_data"]
+__all__ = ["EventLines", "event_data", "skip_space"]
 
 _DATA = b"data:"
 _DATA_SPACE = b"data: "
@@ -89,3 +89,15 @@ def event_data(event: bytes) -> bytes | None:
             parts.append(b"")
         # anything else: a comment or another field
     return b"\n".join(parts) if parts else None
+
+
+_SPACE = frozenset(b" \t\r\n")  # JSON's whitespace
+
+
+def skip_space(data: bytes, j: int) -> int:
+    """The first index from `j` that is not JSON's whitespace: an event's JSON read in place
+    where an engine may write it with spaces (Python's `json.dumps` defaults: `"text": "..."`)."""
+    end = len(data)
+    while j < end and data[j] in _SPACE:
+        j += 1
+    return j

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.api import REASONING_FIELDS
 from gateway.core.sse import event_data
 from gateway.wire import StreamRelay
 
@@ -75,11 +76,6 @@ class Progress:
     called: bool = False
 
 
-# Where a chat delta carries a reasoning model's reasoning (vLLM's reasoning parsers; older vLLM
-# and DeepSeek's API).
-_REASONING = ("reasoning", "reasoning_content")
-
-
 def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
     text: list[str] = []
     ident: str | None = None
@@ -107,7 +103,7 @@ def replay(chunks: Sequence[bytes], chat: bool) -> Progress:
                 piece = delta.get("content")
                 # A reasoning model's reasoning: generated tokens (the limit counts them), not
                 # the answer's text; counted once where a server sends it under both names.
-                if any(isinstance(t := delta.get(k), str) and t for k in _REASONING):
+                if any(isinstance(t := delta.get(k), str) and t for k in REASONING_FIELDS):
                     tokens += 1
             else:
                 piece = choice.get("text")

@@ -15,12 +15,12 @@ real tokens.
 from __future__ import annotations
 
 from gateway.core.exchange import Exchange
+from gateway.core.sse import skip_space
 
 __all__ = ["ask_usage", "without_usage_events"]
 
 _MARK = b'"choices":[]'  # a usage-only event's, as vLLM (and every compact writer) sends it
 _KEY = b'"choices"'
-_SPACE = frozenset(b" \t\r\n")  # JSON's whitespace
 _ASK = b',"stream_options":{"include_usage":true}}'
 
 
@@ -68,11 +68,9 @@ def _usage_only(body: bytes, start: int) -> int:
 
 def _empty_array(body: bytes, j: int) -> bool:
     """Whether `: []` (JSON's whitespace anywhere in it) comes at `j`."""
-    end = len(body)
     for expected in b":[]":
-        while j < end and body[j] in _SPACE:
-            j += 1
-        if j == end or body[j] != expected:
+        j = skip_space(body, j)
+        if j == len(body) or body[j] != expected:
             return False
         j += 1
     return True

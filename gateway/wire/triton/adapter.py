@@ -394,11 +394,10 @@ class StreamTranslator:
 class _Relay:
     """A Triton stream as the gateway's StreamRelay."""
 
-    __slots__ = ("carried_usage", "tr")
+    __slots__ = ("tr",)
 
     def __init__(self, tr: StreamTranslator) -> None:
         self.tr = tr
-        self.carried_usage = False
 
     @property
     def text_events(self) -> int:
@@ -412,10 +411,15 @@ class _Relay:
     def engine_error(self) -> bool:
         return self.tr.error is not None
 
+    @property
+    def carried_usage(self) -> bool:
+        # The translator writes usage into what it gives out only as continuous usage (the
+        # final usage comes with `close`, which goes through every filter).
+        return self.tr.call.continuous_usage
+
     def feed(self, chunk: bytes) -> tuple[bytes, bool]:
         seen = self.tr.text_events
         out = self.tr.feed(chunk)
-        self.carried_usage = out.find(b'"usage"') != -1  # (continuous usage: the gateway's own)
         return out, self.tr.text_events != seen
 
     def close(self) -> bytes:

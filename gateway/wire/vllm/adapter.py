@@ -8,8 +8,10 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.core.api import REASONING_FIELDS
 from gateway.core.errors import error_json, sse_error
 from gateway.core.exchange import body_of
+from gateway.core.sse import skip_space
 from gateway.wire import Incompatible
 from gateway.wire.metrics import EngineStats
 from gateway.wire.vllm.metrics import parse_vllm_metrics
@@ -28,9 +30,9 @@ _ERROR_EVENT = b'data: {"error"'
 # span them (timed from the first `content` instead, TTFT took in the whole reasoning and TPOT
 # came out a fraction of the truth).
 _TEXT_KEYS = (b'"text"', b'"content"')
-_CHAT_KEYS = (b'"content"', b'"reasoning"', b'"reasoning_content"', b'"arguments"', b'"text"')
+_CHAT_KEYS = (b'"content"', *(b'"%s"' % f.encode() for f in REASONING_FIELDS), b'"arguments"',
+              b'"text"')  # fmt: skip
 _USAGE_KEY = b'"completion_tokens":'
-_SPACE = frozenset(b" \t\r\n")  # JSON's whitespace
 
 
 def has_text(chunk: bytes, keys: tuple[bytes, ...] = _CHAT_KEYS) -> bool:
@@ -51,14 +53,10 @@ def _string_follows(chunk: bytes, j: int) -> bool:
     Python's `json.dumps` defaults sends `"text": "..."`)."""
     if chunk[j : j + 2] == b':"':  # compact, as vLLM writes it
         return chunk[j + 2 : j + 3] != b'"'
-    end = len(chunk)
-    while j < end and chunk[j] in _SPACE:
-        j += 1
+    j = skip_space(chunk, j)
     if chunk[j : j + 1] != b":":
         return False
-    j += 1
-    while j < end and chunk[j] in _SPACE:
-        j += 1
+    j = skip_space(chunk, j + 1)
     return chunk[j : j + 1] == b'"' and chunk[j + 1 : j + 2] != b'"'
 
 
