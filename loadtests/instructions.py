@@ -59,6 +59,7 @@ KINDS = ("small", "stream", "stream-no-usage")
 _LABELS = {"small": "small (4 tokens)", "stream": "stream (64 tokens, 66 events)",
            "stream-no-usage": "stream, no usage asked (64 tokens, 65 events out)"}  # fmt: skip
 MAX_RATIO = 1.05  # the working tree's gateway against the baseline's
+_WARMUP = 50  # requests of a kind before it is counted
 _TOTAL = re.compile(r"^\s*(?:Th\s+\d+\s+)?([\d,]+)\s*$")
 
 
@@ -66,7 +67,7 @@ _TOTAL = re.compile(r"^\s*(?:Th\s+\d+\s+)?([\d,]+)\s*$")
 class Options:
     baseline: str = "HEAD"
     requests: int = 400  # counted requests per kind, per round
-    warmup: int = 50
+    warmup: int = _WARMUP  # before the first kind; each later kind is warmed by _WARMUP
     rounds: int = 2  # the count repeated, to show how exactly it repeats
     backends: int = 1  # simulators in the pool
     one_off: bool = False  # each request's prompt one never sent before
@@ -164,8 +165,9 @@ def _post(conn: http.client.HTTPConnection, payload: bytes) -> None:
         raise RuntimeError(f"the gateway answered {r.status}")
 
 
-def count(gw: GatewayProcess, body: dict[str, Any], opts: Options) -> float:
-    """Instructions per request: warm up, zero, `opts.requests` requests, read the total."""
+def count(gw: GatewayProcess, body: dict[str, Any], opts: Options, warmup: int) -> float:
+    """Instructions per request: `warmup` requests, zero, `opts.requests` requests, read the
+    total."""
     conn = http.client.HTTPConnection(gw.host, gw.port, timeout=300)
     serial = itertools.count()
 
@@ -177,7 +179,7 @@ def count(gw: GatewayProcess, body: dict[str, Any], opts: Options) -> float:
 
     fixed = json.dumps(body).encode()
     try:
-        for _ in range(opts.warmup):
+        for _ in range(warmup):
             _post(conn, payload())
         zero(gw.pid)
         for _ in range(opts.requests):
@@ -240,9 +242,10 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     started = time.perf_counter()
                     status = f"round {r + 1}/{opts.rounds}: {name} under callgrind"
                     with console.status(status), _gateway(name, work, cfg, baseline) as gw:
-                        for kind in KINDS:
+                        for i, kind in enumerate(KINDS):
                             cell = cells.setdefault((name, kind), Cell(name, kind, opts.requests))
-                            cell.per_request.append(count(gw, bodies[kind], opts))
+                            warmup = opts.warmup if i == 0 else _WARMUP
+                            cell.per_request.append(count(gw, bodies[kind], opts, warmup))
                     console.print(f"round {r + 1}: {name} counted in "
                                   f"{time.perf_counter() - started:.0f} s")  # fmt: skip
         report = _report(opts, base, list(cells.values()))
@@ -307,12 +310,12 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
         " `git archive` and run from its own folder.",
         f"- Each gateway runs under valgrind's callgrind in front of {_sims(opts.backends)}, with"
         " periodic scraping off, and serves requests one after another on one keep-alive"
-        f" connection: {opts.warmup} to warm up, then the counters are zeroed and"
-        f" {opts.requests} requests of each kind are counted. Instructions of the whole gateway"
-        " process (uvicorn, aiohttp, Python) divided by the requests; the median over rounds"
-        " (each round a fresh process, targets alternating). Both run the routing modules from"
-        " their sources (`TIERGATE_COMPILED=0`). A stream with no usage asked: the gateway asks"
-        " the engine for it and takes the usage event out."
+        f" connection: {opts.warmup} to warm up (each later kind {_WARMUP}), then the counters"
+        f" are zeroed and {opts.requests} requests of each kind are counted. Instructions of"
+        " the whole gateway process (uvicorn, aiohttp, Python) divided by the requests; the"
+        " median over rounds (each round a fresh process, targets alternating). Both run the"
+        " routing modules from their sources (`TIERGATE_COMPILED=0`). A stream with no usage"
+        " asked: the gateway asks the engine for it and takes the usage event out."
         + (" Every request's prompt is one never sent before (a serial number appended)."
            if opts.one_off else " Every request is the same."),
         f"- Criterion: the working tree's gateway no more than {MAX_RATIO:.2f}x the baseline's.",
@@ -337,6 +340,15 @@ def command(
         int, typer.Option(min=1, help="Counted requests per kind and round.")
     ] = 400,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds (a fresh process each).")] = 2,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Requests before the first kind is counted (each later kind: 50). With"
+            " --one-off, more than policy.affinity_quiet_after (1,024 by default) counts the"
+            " gateway in the state where nothing has repeated lately.",
+        ),
+    ] = 50,
     backends: Annotated[
         int, typer.Option(min=1, help="Simulators in the pool (2+: the routing stages work).")
     ] = 1,
@@ -356,4 +368,4 @@ def command(
 
     setup_logging("warning")
     run(Options(baseline=baseline, requests=requests, rounds=rounds, backends=backends,
-                one_off=one_off, out=out))  # fmt: skip
+                one_off=one_off, out=out, warmup=warmup))  # fmt: skip

@@ -11,10 +11,17 @@ Bounded and decaying: at most `capacity` keys, the least recently used forgotten
 key not seen for `ttl_s` is forgotten (the engine has most likely evicted its blocks by then).
 Per process: with several workers, each remembers what it served (a first-seen session still
 goes to its own backend by hashing, the same in every worker).
+
+Quiet: where `quiet` new keys in a row have come and none came again (prompts that never
+repeat: a batch job, a benchmark), remembering each one is work for nothing: from then on each
+request's key is only looked up, and one new key in `every` remembered (`wanted`), until a key
+comes again, which turns remembering every key back on. A conversation that starts while it is
+quiet is found at a later turn once one of its turns was remembered (one in `every`).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -32,9 +39,23 @@ _HOME, _SEEN, _BUSY = 0, 1, 2
 
 class Homes:
     def __init__(
-        self, capacity: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        capacity: int,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        quiet: tuple[int, int] = (0, 1),
+        rng: random.Random | None = None,
     ) -> None:
+        """`quiet`: (new keys in a row, none seen again, after which it is quiet (0: never);
+        while it is, one new key in how many is remembered)."""
         self.capacity, self.ttl_s, self.clock = capacity, ttl_s, clock
+        self.quiet, every = quiet
+        self._chance, self._draw = 1.0 / every, (rng or random.Random()).random
+        # Whether every key is remembered (not quiet). A plain attribute, read by the intake on
+        # every keyed request: a property's call would cost more than the rest of its check.
+        self.everyone = True
+        # New keys in a row since a key last came again.
+        self._new_in_a_row = 0
         # Least recently used first. (An OrderedDict, not a dict popped and refilled: a dict
         # leaves a hole at the front for each key moved to its end, and finding its oldest key
         # then walks the holes: 80 us a request at capacity, against 3 here.)
@@ -42,6 +63,13 @@ class Homes:
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def wanted(self, key: int) -> bool:
+        """While it is quiet (`everyone` false): whether to remember `key`: it is known (it came
+        again, and `begin` makes every key remembered again), or it is drawn, one new key in
+        `every` (drawn at random: a count would pass over the same conversation at every turn
+        where its turns come in step with the others)."""
+        return key in self._keys or self._draw() < self._chance
 
     def _remember(self, key: int, entry: list[Any]) -> None:
         keys = self._keys
@@ -62,7 +90,11 @@ class Homes:
             keys[key] = [None, now, 1]
             if len(keys) > self.capacity:
                 keys.popitem(last=False)
+            self._new_in_a_row += 1
+            if self._new_in_a_row == self.quiet:
+                self.everyone = False
             return
+        self._new_in_a_row, self.everyone = 0, True
         keys.move_to_end(key)
         busy = entry[_BUSY]
         ex.home = None if busy or now - entry[_SEEN] > self.ttl_s else entry[_HOME]

@@ -26,6 +26,7 @@ from gateway.config.settings import Settings
 from gateway.core.api import ChatCompletionRequest, CompletionRequest
 from gateway.core.errors import GatewayError, first_problem
 from gateway.core.exchange import Endpoint, Exchange, Send
+from gateway.pipeline.homes import Homes
 from gateway.pipeline.releases import Release, Releases
 from gateway.pipeline.tenants import Tenants
 from gateway.pipeline.usage import ask_usage
@@ -59,9 +60,14 @@ class Intake:
         self.tenants = Tenants(settings)
         self.priorities = settings.priorities and bool(settings.tenants)
         # Affinity keys matter only where there are several backends to choose from (or
-        # discovery may add them).
-        self.keyed = settings.policy.prefix_affinity and (
+        # discovery may add them); where they do, the memory of where each was served.
+        policy = settings.policy
+        keyed = policy.prefix_affinity and (
             len(registry.backends) > 1 or any(t.discovery for t in settings.tiers)
+        )
+        quiet = (policy.affinity_quiet_after, policy.affinity_quiet_every)
+        self.homes = (
+            Homes(policy.affinity_keys, policy.affinity_ttl_s, quiet=quiet) if keyed else None
         )
         # Request ids: a per-process random prefix and a counter; unique, and far cheaper
         # than uuid4 per request.
@@ -131,7 +137,8 @@ class Intake:
             if batch and self.registry.serving(ex.model, Role.THROUGHPUT):
                 ex.pinned = Role.THROUGHPUT
         ex.slo = self._slo(ex.headers, tenant.slo)
-        if self.keyed:
+        homes = self.homes
+        if homes is not None:
             # (`caller`, spelled out for the common case of no session: every request)
             sid, user = ex.headers.get(b"x-session-id"), data.get("user")
             if sid or (user and isinstance(user, str)):
@@ -140,7 +147,11 @@ class Intake:
                     (b"session", sid) if sid else (b"user", str(user).encode())
                 )
             else:
-                ex.affinity = prefix_key(data, ex.endpoint.chat)
+                key = prefix_key(data, ex.endpoint.chat)
+                # While prompts never repeat, a new key is mostly not remembered: no
+                # bookkeeping for it (gateway.pipeline.homes).
+                if key is not None and (homes.everyone or homes.wanted(key)):
+                    ex.affinity = key
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
         ask_usage(ex)  # a stream counted in tokens, not events (gateway.pipeline.usage)

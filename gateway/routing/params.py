@@ -139,6 +139,20 @@ class PolicyParams(BaseModel):
         description="Affinity keys remembered (each with the backend that served it last),"
         " the least recently used forgotten first.",
     )
+    affinity_quiet_after: int = Field(
+        default=1024,
+        ge=0,
+        description="New affinity keys in a row, none of them seen again (prompts that never"
+        " repeat), after which remembering every one is work for nothing: only one new key in"
+        " `affinity_quiet_every` is remembered, each request's key still looked up, until a key"
+        " comes again. 0: every key always remembered.",
+    )
+    affinity_quiet_every: int = Field(
+        default=16,
+        ge=1,
+        description="While nothing repeats (`affinity_quiet_after`), one new key in this many is"
+        " remembered, so that a conversation starting then is found at a later turn.",
+    )
     affinity_ttl_s: float = Field(
         default=600.0,
         gt=0,

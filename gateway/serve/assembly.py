@@ -202,8 +202,7 @@ async def open_gateway(
             tracing=tracing,
             discovery=Discovery(settings, registry, telemetry) if any(
                 t.discovery for t in settings.tiers) else None,
-            homes=Homes(settings.policy.affinity_keys, settings.policy.affinity_ttl_s)
-            if intake.keyed else None,
+            homes=intake.homes,
             planning=Planning(settings.planner, list(settings.tiers), registry, telemetry)
             if settings.planner.enabled and settings.tiers else None,
         )

@@ -4,6 +4,8 @@ is not; the memory stays within its capacity."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from gateway.core.exchange import Endpoint, Exchange
@@ -121,3 +123,64 @@ def test_unkeyed_requests_are_not_remembered() -> None:
     homes.end(ex)
     assert len(homes) == 0
     assert ex.home is None
+
+
+def keyed(homes: Homes, key: int) -> Exchange | None:
+    """A request with no declared session as the intake keys it: looked up whenever it is
+    quiet, remembered only where `wanted`; served by A (None: not keyed at all)."""
+    if not (homes.everyone or homes.wanted(key)):
+        return None
+    return served(homes, key, A)
+
+
+def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it() -> None:
+    homes = Homes(1024, 60.0, Clock(), quiet=(4, 3), rng=random.Random(1))
+    for key in range(4):
+        assert keyed(homes, key) is not None
+    assert not homes.everyone  # four new keys in a row, none again
+    # Quiet: about one new key in three remembered, the others not keyed at all.
+    got = [keyed(homes, key) is not None for key in range(100, 400)]
+    assert 70 <= sum(got) <= 130
+    assert len(homes) == 4 + sum(got)
+    # A key remembered while quiet comes again: it has its home, and every key is kept again.
+    remembered = 100 + got.index(True)
+    again = exchange(remembered)
+    assert homes.wanted(remembered)
+    homes.begin(again)
+    assert again.home == A.url
+    assert homes.everyone
+    assert keyed(homes, 500) is not None
+    assert keyed(homes, 501) is not None
+
+
+@pytest.mark.parametrize("between", [1, 2, 3, 7])
+def test_a_conversation_starting_while_quiet_is_found_at_a_later_turn(between: int) -> None:
+    """Its turns come among prompts that never repeat, in step with them or not: one of its
+    turns is remembered, its next turn finds it, and every key is remembered again."""
+    homes = Homes(1024, 60.0, Clock(), quiet=(8, 4), rng=random.Random(between))
+    serial = iter(range(1_000, 10_000))
+    for _ in range(8):
+        keyed(homes, next(serial))
+    assert not homes.everyone
+    conversation, found = 7, None
+    for turn in range(1, 41):
+        for _ in range(between):  # one-off prompts between its turns
+            keyed(homes, next(serial))
+        ex = exchange(conversation)
+        if homes.everyone or homes.wanted(conversation):
+            homes.begin(ex)
+            if ex.home is not None:
+                found = turn
+                break
+            ex.backend, ex.status = A, 200
+            homes.end(ex)
+    assert found is not None
+    assert homes.everyone
+
+
+def test_never_quiet_with_quiet_zero() -> None:
+    homes = Homes(1024, 60.0, Clock())  # quiet=(0, 1): the constructor's default
+    for key in range(2_000):
+        served(homes, key, A)
+    assert homes.everyone
+    assert len(homes) == 1024

@@ -145,6 +145,34 @@ async def test_intake_fills_the_exchange() -> None:
                                               affinity=ex.affinity)  # fmt: skip
 
 
+async def test_prompts_that_never_repeat_stop_being_keyed_and_a_repeat_keys_them_again() -> None:
+    """Past `affinity_quiet_after` new keys in a row (none served again), most requests carry
+    no affinity key (no bookkeeping: gateway.pipeline.homes); a session always does, and a
+    remembered key that comes again turns keying back on for every request."""
+    s = settings(policy={"affinity_quiet_after": 16, "affinity_quiet_every": 4})
+    it = intake(s)
+    homes = it.homes
+    assert homes is not None
+
+    async def one(prompt: str, headers: dict[str, str] | None = None) -> Exchange:
+        ex = it.open(COMPLETIONS, scope(headers or {}), _no_send)
+        await it.read(ex, receiver(json.dumps(OKAY | {"prompt": prompt}).encode()))
+        if ex.affinity is not None:  # as the proxy does around routing (gateway.serve.app)
+            homes.begin(ex)
+            homes.end(ex)
+        return ex
+
+    for i in range(16):
+        assert (await one(f"new {i}")).affinity is not None
+    quiet = [(await one(f"quiet {i}")).affinity is not None for i in range(400)]
+    assert 50 <= sum(quiet) <= 150  # about one in four
+    assert (await one("a session", {"x-session-id": "s1"})).affinity is not None
+    kept = f"quiet {quiet.index(True)}"
+    assert (await one(kept)).affinity is not None
+    assert homes.everyone
+    assert all([(await one(f"after {i}")).affinity is not None for i in range(10)])
+
+
 async def test_request_ids_are_made_when_absent_and_unique() -> None:
     it = intake(settings())
     ids = {it.open(COMPLETIONS, scope({}), _no_send).id for _ in range(1000)}

@@ -57,6 +57,8 @@ def test_names_defined_once() -> None:
         ("affinity_slack", 2),
         ("prefix_affinity", True),
         ("affinity_keys", 65536),
+        ("affinity_quiet_after", 1024),
+        ("affinity_quiet_every", 16),
         ("affinity_ttl_s", 600.0),
     ],
 )
@@ -80,6 +82,8 @@ def test_every_parameter_is_listed_above() -> None:
         "affinity_slack",
         "prefix_affinity",
         "affinity_keys",
+        "affinity_quiet_after",
+        "affinity_quiet_every",
         "affinity_ttl_s",
     }
 
