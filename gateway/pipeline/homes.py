@@ -21,6 +21,7 @@ quiet is found at a later turn once one of its turns was remembered (one in `eve
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import OrderedDict
@@ -30,6 +31,8 @@ from typing import Any
 from gateway.core.exchange import Exchange
 
 __all__ = ["Homes"]
+
+log = logging.getLogger(__name__)
 
 # An entry: [the URL of the backend that served the key last (None: none yet), when a request
 # holding the key last began or ended, requests holding it in flight]. (A list: a begin and an
@@ -93,7 +96,12 @@ class Homes:
             self._new_in_a_row += 1
             if self._new_in_a_row == self.quiet:
                 self.everyone = False
+                log.info("prefix affinity: %d new prompts in a row, none seen again: one new key"
+                         " in %d remembered until one comes again", self.quiet,
+                         round(1 / self._chance))  # fmt: skip
             return
+        if not self.everyone:
+            log.info("prefix affinity: a remembered prompt came again: every key remembered")
         self._new_in_a_row, self.everyone = 0, True
         keys.move_to_end(key)
         busy = entry[_BUSY]

@@ -4,6 +4,7 @@ is not; the memory stays within its capacity."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -133,11 +134,15 @@ def keyed(homes: Homes, key: int) -> Exchange | None:
     return served(homes, key, A)
 
 
-def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it() -> None:
+def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "gateway.pipeline.homes")
     homes = Homes(1024, 60.0, Clock(), quiet=(4, 3), rng=random.Random(1))
     for key in range(4):
         assert keyed(homes, key) is not None
     assert not homes.everyone  # four new keys in a row, none again
+    assert "4 new prompts in a row, none seen again: one new key in 3" in caplog.text
     # Quiet: about one new key in three remembered, the others not keyed at all.
     got = [keyed(homes, key) is not None for key in range(100, 400)]
     assert 70 <= sum(got) <= 130
@@ -149,6 +154,7 @@ def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it() -> None:
     homes.begin(again)
     assert again.home == A.url
     assert homes.everyone
+    assert "came again: every key remembered" in caplog.text
     assert keyed(homes, 500) is not None
     assert keyed(homes, 501) is not None
 
