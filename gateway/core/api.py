@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "REASONING_FIELDS",
+    "AffinityView",
     "BackendView",
     "ChatChoice",
     "ChatCompletion",
@@ -297,6 +298,16 @@ class PlanView(BaseModel):
     cost: float = Field(description="The plan's cost: replicas x each tier's cost per replica.")
 
 
+class AffinityView(BaseModel):
+    """Prefix-cache affinity's memory in this process (gateway.pipeline.homes)."""
+
+    keys: int = Field(description="Affinity keys remembered now, each with where it was served.")
+    quiet: bool = Field(
+        description="Nothing has repeated for `policy.affinity_quiet_after` new keys in a row:"
+        " one new key in `policy.affinity_quiet_every` is remembered until one comes again."
+    )
+
+
 class GatewayState(BaseModel):
     """What routing sees right now."""
 
@@ -316,6 +327,10 @@ class GatewayState(BaseModel):
     )
     plan: PlanView | None = Field(
         default=None, description="The planner's last plan (null: the planner is off)."
+    )
+    affinity: AffinityView | None = Field(
+        default=None,
+        description="Prefix-cache affinity's memory (null: affinity is off, or one backend).",
     )
 
 

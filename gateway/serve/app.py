@@ -400,6 +400,8 @@ def create_app(settings: Settings, hosting: Hosting | None = None) -> GatewayApp
             pid=os.getpid(),
             served=gw.telemetry.served,
             plan=None if gw.planning is None else _plan_view(gw.planning),
+            affinity=None if gw.homes is None
+            else api.AffinityView(keys=len(gw.homes), quiet=not gw.homes.everyone),
         )
 
     @app.get(
