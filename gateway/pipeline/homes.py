@@ -52,8 +52,8 @@ class Homes:
         """`quiet`: (new keys in a row, none seen again, after which it is quiet (0: never);
         while it is, one new key in how many is remembered)."""
         self.capacity, self.ttl_s, self.clock = capacity, ttl_s, clock
-        self.quiet, every = quiet
-        self._chance, self._draw = 1.0 / every, (rng or random.Random()).random
+        self.quiet, self.every = quiet
+        self._chance, self._draw = 1.0 / self.every, (rng or random.Random()).random
         # Whether every key is remembered (not quiet). A plain attribute, read by the intake on
         # every keyed request: a property's call would cost more than the rest of its check.
         self.everyone = True
@@ -98,7 +98,7 @@ class Homes:
                 self.everyone = False
                 log.info("prefix affinity: %d new prompts in a row, none seen again: one new key"
                          " in %d remembered until one comes again", self.quiet,
-                         round(1 / self._chance))  # fmt: skip
+                         self.every)  # fmt: skip
             return
         if not self.everyone:
             log.info("prefix affinity: a remembered prompt came again: every key remembered")
