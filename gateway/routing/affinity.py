@@ -9,9 +9,11 @@ first:
   is, while it is not saturated (by the policy's own measure), has no queue where the policy's
   choice is idle, and, where the latency model knows it, it is neither full nor predicted to
   miss the request's SLO where the policy's choice would meet it, nor to lose SLO-meeting
-  output (past a knee it has shown) where the policy's choice would add some. So a
-  conversation that started on the latency tier stays there while that tier is before its knee
-  for the request's SLO, and moves when it is past it;
+  output (past a knee it has shown) where the policy's choice would lose none, nor to add less
+  than a `give_way`-th of what the policy's choice would. So a conversation that started on the
+  latency tier stays there while that tier is before its knee for the request's SLO, and moves
+  when it is past it; one that started in the pool comes to the latency tier when that decodes
+  several times faster;
 - a session the client declared (`x-session-id`, `user`) and seen for the first time goes to its
   own backend of the policy's tier, by consistent hashing with bounded loads: the tier's
   backends ranked by rendezvous hashing of the key (each key has its own fixed order, and adding
@@ -84,6 +86,9 @@ class Affinity:
     saturation: Saturation
     # How the learned policy reads a prediction (its SLO margin, when a backend is full).
     learned: Learned
+    # A known home gives way where the policy's choice adds this many times its SLO-meeting
+    # output (0: never for that reason).
+    give_way: float = 0.0
     # The configured backends' URL hashes, computed once rather than in every decision.
     urls: Mapping[str, int] = field(default_factory=dict)
 
@@ -91,7 +96,7 @@ class Affinity:
     def of(cls, params: PolicyParams, backends: Sequence[Backend] = ()) -> Affinity:
         urls = {b.url: affinity_key(b.url.encode()) for b in backends}
         return cls(params.affinity_balance, params.affinity_slack, Saturation.of(params),
-                   Learned.build("learned", params), urls)  # fmt: skip
+                   Learned.build("learned", params), params.affinity_yield, urls)  # fmt: skip
 
     def bound(self, loads: Sequence[int]) -> int:
         """The most requests a backend may hold after taking this one for affinity's sake."""
@@ -156,11 +161,12 @@ class Affinity:
     ) -> bool:
         """Whether the latency model lets the request go home rather than to the policy's
         choice: the home is not full, and not predicted to miss the request's SLO (or to lose
-        SLO-meeting output, past its knee) where the choice would meet it (or add some), or
+        SLO-meeting output, past its knee) where the choice would meet it (or lose none), or
         where nothing is known of the choice yet, at all, unless the home is past the streams it
-        has shown (the prediction there a guess, as the choice's is). True where the model knows
-        nothing of the home: the cache hit is all that is known then (saturation still moves
-        it).
+        has shown (the prediction there a guess, as the choice's is); nor to add less than a
+        `give_way`-th of the choice's SLO-meeting output where both are known. True where the
+        model knows nothing of the home: the cache hit is all that is known then (saturation
+        still moves it).
 
         Only a knee within the streams the home has shown counts: past its frontier the model
         guesses one (a ridge that may lie anywhere out there; gateway.backends.latency_model),
@@ -194,4 +200,19 @@ class Affinity:
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return False
-        return not (past_knee and other.gain > NOTHING / slo.tpot_s)
+        # The cache saves the history's prefill; a choice that decodes several times faster
+        # saves more, for all but the shortest answers (measured in `bench routing-sim
+        # --workload chat`: conversations kept on a pool instance while the latency engine sat
+        # idle were most of what the standard-class cells lost to the best fixed limit).
+        nothing = NOTHING / slo.tpot_s
+        if (
+            self.give_way
+            and other.p >= 0.5
+            and not there.ahead  # (a guess there: the home's next stream is tried, as above)
+            and other.gain > self.give_way * max(there.gain, nothing)
+        ):
+            return False
+        # Past its knee, one more stream at home costs its other streams SLO-meeting output:
+        # the request goes where it costs none (even where it adds none either: a pool that
+        # cannot meet a tight class, beside a latency engine the class has filled).
+        return not (past_knee and other.gain > -nothing)

@@ -133,6 +133,15 @@ class PolicyParams(BaseModel):
         " the first time, or one other requests are using at the same moment, is routed by"
         " the policy alone, so prompts that never repeat cost nothing.",
     )
+    affinity_yield: float = Field(
+        default=2.0,
+        ge=0,
+        description="learned: a home the latency model knows gives way where the policy's choice"
+        " is predicted to add more than this many times the SLO-meeting output per second the"
+        " home would (an idle latency engine beside a conversation's pool instance): decoding"
+        " that much faster saves more than the history's prefill there costs, for answers of a"
+        " few dozen tokens or more. 0: a home that meets the SLO before its knee is kept.",
+    )
     affinity_keys: int = Field(
         default=65536,
         ge=1,

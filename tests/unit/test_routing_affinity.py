@@ -74,7 +74,11 @@ ALL, NONE, HOME, ALL_4, HOME_4 = "all", "none", "home", "all/4", "home/4"
         ("policy tries an unknown backend, home's miss a guess", L0, T0, {L0: 14}, HOME_4, True),
         ("home past an observed knee, the choice gains", L0, T0, {L0: 9}, ALL, False),
         ("home past a knee beyond its frontier, the choice gains", L0, T0, {L0: 9}, ALL_4, True),
-        ("home in the pool while the latency tier is faster: home", T1, L0, {}, ALL, True),
+        # The latency backend idle, twice as fast as the home (10 ms against 20.1): more than
+        # twice the SLO-meeting output there (`affinity_yield`, 2).
+        ("home in the pool, the latency tier idle and 2x faster", T1, L0, {}, ALL, False),
+        # ... with 8 streams there, a ninth past its knee: it adds less than the home would.
+        ("home in the pool, the latency tier at its knee", T1, L0, {L0: 8}, ALL, True),
         # The latency backend at 14 streams: TPOT 0.031 s, past the 25 ms SLO; the pool meets it.
         ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, ALL, False),
         ("home beyond its frontier, predicted to miss the SLO", L0, T0, {L0: 14}, ALL_4, False),
@@ -103,6 +107,52 @@ def test_a_key_served_lately_goes_home(
     d = AFF(req, decide(order), replace(s, curves=curves))
     assert d.candidates[0] is (home if goes_home else policy_first), case
     assert sorted(urls(d)) == sorted(b.url for b in order)  # nothing lost, nothing added
+
+
+@pytest.mark.parametrize(
+    ("case", "give_way", "home_streams", "goes_home"),
+    [
+        ("never for speed alone", 0.0, 0, True),
+        ("the choice adds 2.01x the home's output", 2.0, 0, False),
+        ("... short of 3x", 3.0, 0, True),
+        ("... over 1x", 1.0, 0, False),
+        # Past the streams the home has shown its gain is a guess: its next stream is tried.
+        ("the home past its frontier", 2.0, 6, True),
+    ],
+)
+def test_a_home_gives_way_to_a_choice_that_adds_several_times_its_output(
+    case: str, give_way: float, home_streams: int, goes_home: bool
+) -> None:
+    """A conversation on a pool instance (SLOW, 20.1 ms) beside an idle latency backend (FAST,
+    10 ms): both meet the SLO; the latency backend adds twice the SLO-meeting tokens per second
+    the home would."""
+    aff = Affinity.of(PolicyParams(affinity_yield=give_way))
+    s = learned_snapshot({T1: home_streams})
+    if home_streams:  # observed up to 4 streams only: 7 is a guess there
+        s = replace(s, curves={**s.curves, T1.url: replace(SLOW, frontier=4)})
+    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=T1.url)
+    d = aff(req, decide((L0, T0, T1, T2, T3)), s)
+    assert d.candidates[0] is (T1 if goes_home else L0), case
+
+
+@pytest.mark.parametrize(
+    ("case", "streams", "goes_home"),
+    [
+        ("before the knee", 4, True),
+        # 9 streams there: the curve at 10 is 15.6 ms, past the 12 ms SLO; one more stream
+        # takes SLO-meeting output from the nine.
+        ("past its knee", 9, False),
+    ],
+)
+def test_a_home_past_its_knee_gives_way_to_a_choice_that_costs_nothing(
+    case: str, streams: int, goes_home: bool
+) -> None:
+    """A 12 ms class: the pool (20 ms) never meets it, so the request adds nothing there, but
+    it takes nothing from anyone either."""
+    slo = Slo(ttft_s=1.0, tpot_s=0.012)
+    req = RouteRequest(MODEL, slo=slo, affinity=KEY, home=L0.url)
+    d = AFF(req, decide((T0, L0, T1, T2, T3)), learned_snapshot({L0: streams}))
+    assert d.candidates[0] is (L0 if goes_home else T0), case
 
 
 @pytest.mark.parametrize(
