@@ -325,13 +325,25 @@ def test_decision_cost_bar_draws_from_no_thread_of_its_own() -> None:
     assert threading.active_count() == before
 
 
-@pytest.mark.parametrize(("affinity", "at_least"), [(True, 0.95), (False, 0.0)])
-def test_conversations_go_back_where_they_were_served(affinity: bool, at_least: float) -> None:
+@pytest.mark.parametrize(
+    ("params", "at_least"),
+    [
+        # The defaults: a conversation on a pool engine comes up to the latency engine where
+        # that adds over twice the output (after the 16-user phase, a few do).
+        (PolicyParams(), 0.85),
+        # Never for speed alone: every later turn home (the tiers stay before their knees).
+        (PolicyParams(affinity_yield=0), 0.95),
+        (PolicyParams(prefix_affinity=False), 0.0),
+    ],
+)
+def test_conversations_go_back_where_they_were_served(
+    params: PolicyParams, at_least: float
+) -> None:
     """Conversations of 4 turns over a shared system prompt: with affinity (the default) later
     turns are served where their conversation's last turn was, and find it in that engine's
-    prefix cache; every request is still accounted for either way."""
-    r = simulate(spec(turns=4, system_tokens=600, users=(4, 16, 4), phase_s=6.0,
-                      params=PolicyParams(prefix_affinity=affinity)))  # fmt: skip
+    prefix cache, unless they move up to the faster tier; every request is still accounted for
+    either way."""
+    r = simulate(spec(turns=4, system_tokens=600, users=(4, 16, 4), phase_s=6.0, params=params))
     assert r.sent == len(r.done)
     assert r.inflight_left == 0
     later = [d for d in r.done if d.turn > 0]
@@ -339,6 +351,8 @@ def test_conversations_go_back_where_they_were_served(affinity: bool, at_least: 
     assert {d.turn for d in r.done} == {0, 1, 2, 3}
     stayed = sum(d.stayed for d in later) / len(later)
     assert stayed >= at_least, stayed
+    if params.prefix_affinity:  # every turn that left its home went up to the latency engine
+        assert all(d.role is Role.LATENCY for d in later if not d.stayed)
     # A turn served where its conversation was finds at least the system prompt and the
     # conversation's last turn cached: 600 + 50 + 256 tokens, less one partial block.
     for d in later:
