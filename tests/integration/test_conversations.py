@@ -3,7 +3,9 @@
 on (as `tiergate up` starts them), the default policy and affinity settings. Later turns land on
 the instance that served their conversation's first turn, one chat at a time and 32 at once,
 while the chats at once still spread over more than one instance; their prompts find the
-earlier turns in that instance's prefix cache."""
+earlier turns in that instance's prefix cache. With the defaults a conversation on a pool
+engine may instead come up to the latency engine once that adds over twice the output
+(`policy.affinity_yield`); with that off, later turns stay home."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import openai
 import pytest
 
 from loadtests.conversations import SYSTEM
-from tests.integration.stack import MODEL, Stack, start_stack
+from tests.integration.stack import MODEL, Stack, add_gateway, start_stack
 
 # Bounds on time and placement: run after the parallel tests, alone (scripts/test).
 pytestmark = pytest.mark.serial
@@ -39,10 +42,6 @@ class Chat:
     backends: list[str] = field(default_factory=list)  # per turn, x-tiergate-backend
     cached: list[int] = field(default_factory=list)  # per turn, usage's cached tokens
 
-    @property
-    def stuck(self) -> int:
-        return sum(b == self.backends[0] for b in self.backends[1:])
-
 
 async def converse(client: openai.AsyncOpenAI, name: str) -> Chat:
     chat = Chat()
@@ -60,14 +59,23 @@ async def converse(client: openai.AsyncOpenAI, name: str) -> Chat:
     return chat
 
 
-def later_turns(chats: list[Chat]) -> tuple[int, int]:
-    """(later turns on their first turn's instance, later turns)."""
-    return sum(c.stuck for c in chats), sum(len(c.backends) - 1 for c in chats)
+def later_turns(chats: list[Chat], up: str | None = None) -> tuple[int, int]:
+    """(later turns on their first turn's instance, or on `up`'s, later turns)."""
+    stuck = sum(b in (c.backends[0], up) for c in chats for b in c.backends[1:])
+    return stuck, sum(len(c.backends) - 1 for c in chats)
 
 
-def client(stack: Stack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.gateway.url + "/v1", api_key="EMPTY",
+def client(stack: Stack, url: str | None = None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=(url or stack.gateway.url) + "/v1", api_key="EMPTY",
                               max_retries=0, timeout=60)  # fmt: skip
+
+
+def crowd(stack: Stack, url: str | None = None, name: str = "crowd") -> list[Chat]:
+    async def run() -> list[Chat]:
+        async with client(stack, url) as c:
+            return await asyncio.gather(*(converse(c, f"{name}-{i}") for i in range(32)))
+
+    return asyncio.run(run())
 
 
 def test_chats_one_at_a_time_stay_on_their_instance(stack: Stack) -> None:
@@ -86,12 +94,17 @@ def test_chats_one_at_a_time_stay_on_their_instance(stack: Stack) -> None:
 
 
 def test_32_chats_at_once_stay_on_their_instances_and_spread(stack: Stack) -> None:
-    async def run() -> list[Chat]:
-        async with client(stack) as c:
-            return await asyncio.gather(*(converse(c, f"crowd-{i}") for i in range(32)))
-
-    chats = asyncio.run(run())
-    stuck, later = later_turns(chats)
+    """Later turns home, or come up to the latency engine (the defaults' `affinity_yield`)."""
+    chats = crowd(stack)
+    stuck, later = later_turns(chats, up=stack.latency[0].url)
     firsts = Counter(c.backends[0] for c in chats)
     assert stuck >= SHARE * later, (stuck, later, [c.backends for c in chats])
     assert len(firsts) > 1, firsts
+
+
+def test_without_moving_up_32_chats_at_once_stay_home(stack: Stack, tmp_path: Path) -> None:
+    gw = add_gateway(stack, tmp_path, "stay", policy={"affinity_yield": 0})
+    chats = crowd(stack, gw.url, "stay")
+    stuck, later = later_turns(chats)
+    assert stuck >= SHARE * later, (stuck, later, [c.backends for c in chats])
+    assert len(Counter(c.backends[0] for c in chats)) > 1
