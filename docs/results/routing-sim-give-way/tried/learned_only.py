@@ -1,9 +1,10 @@
 """The learned policy alone over the cells of a stored `bench routing-sim` JSON, seeds 0..k-1,
 against that run's counts of the same seeds (the learned policy's and the oracle's sweep): a
 change to the learned policy or the affinity stage measured without running the other policies
-again (their counts do not depend on it).
+again (their counts do not depend on it). PARAMS: policy parameters as JSON, e.g.
+'{"affinity_yield": 3}'.
 
-Usage: python learned_only.py STUDY.json WORKLOAD SEEDS [CELL,CELL,...]"""
+Usage: python learned_only.py STUDY.json WORKLOAD SEEDS [CELL,CELL,...|""] [PARAMS]"""
 
 import json
 import math
@@ -11,15 +12,17 @@ import multiprocessing as mp
 import sys
 from pathlib import Path
 
+from gateway.routing.params import PolicyParams
 from loadtests.routing_sim.cosim import simulate
 from loadtests.routing_sim.study import Arm, spec_of
 
 Cell = tuple[str, str, str]
+PARAMS = PolicyParams.model_validate(json.loads(sys.argv[5]) if len(sys.argv) > 5 else {})
 
 
 def one(task: tuple[Cell, int, str]) -> tuple[Cell, int, int]:
     cell, seed, workload = task
-    r = simulate(spec_of(cell, Arm("learned", "learned"), seed, 20.0, workload))
+    r = simulate(spec_of(cell, Arm("learned", "learned", PARAMS), seed, 20.0, workload))
     return cell, seed, sum(d.met for d in r.done if d.phase is not None)
 
 
