@@ -12,8 +12,8 @@ first:
   output (past a knee it has shown) where the policy's choice would lose none, nor to add less
   than a `give_way`-th of what the policy's choice would. So a conversation that started on the
   latency tier stays there while that tier is before its knee for the request's SLO, and moves
-  when it is past it; one that started in the pool comes to the latency tier when that decodes
-  several times faster;
+  when it is past it; one that started in the pool comes up to the latency tier where that adds
+  over twice its output (an idle latency engine decoding twice as fast or more);
 - a session the client declared (`x-session-id`, `user`) and seen for the first time goes to its
   own backend of the policy's tier, by consistent hashing with bounded loads: the tier's
   backends ranked by rendezvous hashing of the key (each key has its own fixed order, and adding
@@ -200,10 +200,11 @@ class Affinity:
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return False
-        # The cache saves the history's prefill; a choice that decodes several times faster
-        # saves more, for all but the shortest answers (measured in `bench routing-sim
-        # --workload chat`: conversations kept on a pool instance while the latency engine sat
-        # idle were most of what the standard-class cells lost to the best fixed limit).
+        # The cache saves the history's prefill; a choice that decodes twice as fast or more
+        # saves more, for all but the shortest answers (conversations kept on a pool instance
+        # while the latency engine had room cost the 25 ms cells of `bench routing-sim
+        # --workload chat` up to 8% of the best fixed limit's count: docs/results/
+        # routing-sim-give-way).
         nothing = NOTHING / slo.tpot_s
         if (
             self.give_way
