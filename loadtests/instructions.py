@@ -344,11 +344,11 @@ def command(
         int,
         typer.Option(
             min=0,
-            help="Requests before the first kind is counted (each later kind: 50). With"
-            " --one-off, more than policy.affinity_quiet_after (1,024 by default) counts the"
-            " gateway in the state where nothing has repeated lately.",
+            help=f"Requests before the first kind is counted (each later kind: {_WARMUP})."
+            " With --one-off, more than policy.affinity_quiet_after (1,024 by default) counts"
+            " the gateway in the state where nothing has repeated lately.",
         ),
-    ] = 50,
+    ] = _WARMUP,
     backends: Annotated[
         int, typer.Option(min=1, help="Simulators in the pool (2+: the routing stages work).")
     ] = 1,

@@ -187,7 +187,8 @@ class Affinity:
             return False
         # A gain the policy counts as none (gateway.routing.learned): the cache hit decides
         # near the knee.
-        past_knee = there.gain < -NOTHING / slo.tpot_s and not there.ahead
+        nothing = NOTHING / slo.tpot_s
+        past_knee = there.gain < -nothing and not there.ahead
         at_chosen = curves.get(chosen.url)
         if at_chosen is None or not at_chosen.frontier:
             # The choice is unknown (the policy tries it, as good as the best known backend for
@@ -205,7 +206,6 @@ class Affinity:
         # while the latency engine had room cost the 25 ms cells of `bench routing-sim
         # --workload chat` up to 8% of the best fixed limit's count: docs/results/
         # routing-sim-give-way).
-        nothing = NOTHING / slo.tpot_s
         if (
             self.give_way
             and other.p >= 0.5
