@@ -531,6 +531,11 @@ class BackendModel:
             # Per step: a step gives one inter-token sample per stream decoding in it.
             per_step = max(0.0, sample.prefilled - last.prefilled) * n / steps
             self.prefill.learn(n, per_step, step_s)
+            if per_step and steps < n:
+                # Fewer inter-token samples than streams: most of them were prefilling, not
+                # decoding (a wave of new prompts landed), and the few steps seen carried
+                # the wave's prefill: a step of the prefill, not of decoding at this load.
+                return
             step_s = self.prefill.without(per_step, step_s)
         if self.tpot.observe(n, step_s / (self.tps or 1.0)):
             # Held for the whole interval: the fewer of the two ends.

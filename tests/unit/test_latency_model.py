@@ -588,3 +588,27 @@ def test_a_streams_tpot_is_learned_as_it_was_taken() -> None:
             m.observe_request(150.0, (float(n), took(n)), None, since=149.0)
     for n in (8, 16, 24):
         assert m.prediction().tpot.at(n) == pytest.approx(took(n), rel=0.1)  # not 1/3 of it
+
+
+@pytest.mark.parametrize(
+    ("samples", "prefilled", "learned"),
+    [
+        (2.0, 12_000.0, False),  # 0 -> 30 streams, 2 samples: most were prefilling a wave
+        (14.0, 12_000.0, False),  # fewer samples than the 15 streams it is read at
+        (15.0, 12_000.0, True),  # a step's worth for each: decoding at this load
+        (2.0, 0.0, True),  # no prefill: a slow step of decoding is what it says
+    ],
+)
+def test_an_interval_whose_streams_were_mostly_prefilling_teaches_no_decode_step(
+    samples: float, prefilled: float, learned: bool,
+) -> None:
+    """A burst of new prompts on an idle engine: at the next scrape 30 streams run, but the
+    interval gave fewer inter-token samples than that, each a step that carried the wave's
+    prefill (121 ms where the engine decodes 30 streams in 50: a burst of 30 conversations
+    against `tiergate up`'s latency engine). Read at 15 streams, such a knot stood above the
+    curve past it and moved later turns of the conversations off an engine with room."""
+    m = model()
+    m.observe_engine(EngineSample(running=0, itl_sum=0.0, itl_count=0.0, prefilled=0.0), 0.0)
+    m.observe_engine(EngineSample(running=30, itl_sum=0.121 * samples, itl_count=samples,
+                                  prefilled=prefilled), 0.25)  # fmt: skip
+    assert (sum(m.tpot.seen) > 0) is learned
