@@ -201,10 +201,11 @@ class Affinity:
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return False
-        # The cache saves the history's prefill; a choice that decodes twice as fast or more
-        # saves more, for all but the shortest answers (conversations kept on a pool instance
-        # while the latency engine had room cost the 25 ms cells of `bench routing-sim
-        # --workload chat` up to 8% of the best fixed limit's count: docs/results/
+        # The cache saves the history's prefill; a choice adding `give_way` times the home's
+        # SLO-meeting output (an idle engine decoding that much faster: there a stream's gain
+        # is its own rate) saves more, for all but the shortest answers (conversations kept on
+        # a pool instance while the latency engine had room cost the 25 ms cells of `bench
+        # routing-sim --workload chat` up to 8% of the best fixed limit's count: docs/results/
         # routing-sim-give-way).
         if (
             self.give_way
