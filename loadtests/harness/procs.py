@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+# The folder this harness was imported from (a checkout, or an installed tree): the processes
+# it starts import their code from there too (`ManagedProcess.command`).
+_ROOT = str(Path(__file__).resolve().parents[2])
+
 
 def _ephemeral() -> tuple[int, int]:
     """The kernel's range of ports for the local end of outgoing connections."""
@@ -154,7 +158,19 @@ class ManagedProcess:
         raise NotImplementedError
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "tiergate", *self.argv()]
+        # -P: the working directory is not put first on sys.path (as `-m` would), so the process
+        # runs the code this harness was imported from (`environment`) wherever it is started:
+        # a bench run from one checkout with another on PYTHONPATH ran the first one's gateway.
+        return [sys.executable, "-P", "-m", "tiergate", *self.argv()]
+
+    def environment(self) -> dict[str, str]:
+        """The process's environment: this one's, the process's own variables, and this
+        harness's folder first on PYTHONPATH (unless the process names its own)."""
+        env = {**os.environ, **(self.env or {})}
+        if not self.env or "PYTHONPATH" not in self.env:
+            path = env.get("PYTHONPATH")
+            env["PYTHONPATH"] = _ROOT if not path else f"{_ROOT}{os.pathsep}{path}"
+        return env
 
     def start(self, timeout: float = 20.0) -> Self:
         """Start and wait until ready. A port drawn here that another process (a parallel test,
@@ -175,7 +191,7 @@ class ManagedProcess:
     def _launch(self, timeout: float) -> Self:
         cmd = self.command()
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, **self.env} if self.env else None
+        env = self.environment()
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
         )
@@ -316,7 +332,7 @@ class GranianGatewayProcess(GatewayProcess):
         self.env = {**(self.env or {}), "TIERGATE_CONFIG": str(self.config)}
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "granian", "--interface", "asgi", "--factory",
+        return [sys.executable, "-P", "-m", "granian", "--interface", "asgi", "--factory",
                 "--loop", "uvloop", "--http", "1", "--workers", "1", "--log-level", "warning",
                 "--host", self.host, "--port", str(self.port), self.FACTORY]  # fmt: skip
 
