@@ -163,8 +163,7 @@ class Affinity:
         choice: the home is not full, and not predicted to miss the request's SLO (or to lose
         SLO-meeting output, past its knee) where the choice would meet it (or lose none), or
         where nothing is known of the choice yet, at all, unless the home is past the streams it
-        has shown (the prediction there a guess, as the choice's is; so too where both are past
-        the streams they have shown); nor to add less than a
+        has shown (the prediction there a guess, as the choice's is); nor to add less than a
         `give_way`-th of the choice's SLO-meeting output where both are known. True where the
         model knows nothing of the home: the cache hit is all that is known then (saturation
         still moves it).
@@ -200,11 +199,7 @@ class Affinity:
             # the streams they had just been served at.)
             return (there.p >= 0.5 or there.ahead) and not past_knee
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
-        # A miss predicted past the streams the home has shown is a guess; against a guess at
-        # the choice (past its own), only the home holds the cache, as where the choice is
-        # unknown above. (A burst of conversations on a fresh gateway otherwise left homes on
-        # two ridge priors: docs/results/routing-sim-crowd-yield.)
-        if there.p < 0.5 <= other.p and not (there.ahead and other.ahead):
+        if there.p < 0.5 <= other.p:
             return False
         # The cache saves the history's prefill; a choice adding `give_way` times the home's
         # SLO-meeting output (an idle engine decoding that much faster: there a stream's gain

@@ -53,9 +53,8 @@ def learned_snapshot(inflight: dict[Backend, int]) -> LoadSnapshot:
 
 
 # What the model knows: every backend ("all"), none, or only the home; "/4": the home observed
-# up to 4 streams only (the curve past that is its guess); "both/4": the home and the policy's
-# choice so.
-ALL, NONE, HOME, ALL_4, HOME_4, BOTH_4 = "all", "none", "home", "all/4", "home/4", "both/4"
+# up to 4 streams only (the curve past that is its guess).
+ALL, NONE, HOME, ALL_4, HOME_4 = "all", "none", "home", "all/4", "home/4"
 
 
 @pytest.mark.parametrize(
@@ -83,10 +82,6 @@ ALL, NONE, HOME, ALL_4, HOME_4, BOTH_4 = "all", "none", "home", "all/4", "home/4
         # The latency backend at 14 streams: TPOT 0.031 s, past the 25 ms SLO; the pool meets it.
         ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, ALL, False),
         ("home beyond its frontier, predicted to miss the SLO", L0, T0, {L0: 14}, ALL_4, False),
-        # ... where the choice's 6 streams (20.6 ms) are past its frontier too: guess for guess,
-        # the cache is home; before the choice's frontier, the choice.
-        ("both beyond their frontiers: home", L0, T0, {L0: 14, T0: 5}, BOTH_4, True),
-        ("the choice within its frontier: the choice", L0, T0, {L0: 14, T0: 2}, BOTH_4, False),
         # 13 on the pool's home, 0 elsewhere: SLOW's TPOT still meets the SLO there, and one
         # conversation holds one request at a time: the model, not the bound, decides.
         ("known home beyond the bound, within its SLO: home", T2, T0, {T2: 13}, ALL, True),
@@ -105,8 +100,6 @@ def test_a_key_served_lately_goes_home(
     curves = dict(s.curves)
     if known.endswith("/4"):
         curves[home.url] = replace(curves[home.url], frontier=4)
-    if known == BOTH_4:
-        curves[policy_first.url] = replace(curves[policy_first.url], frontier=4)
     if known.startswith(HOME):
         curves = {home.url: curves[home.url]}
     elif known == NONE:
