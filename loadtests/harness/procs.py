@@ -166,8 +166,9 @@ class ManagedProcess:
     def environment(self) -> dict[str, str]:
         """The process's environment: this one's, the process's own variables, and this
         harness's folder first on PYTHONPATH (unless the process names its own)."""
-        env = {**os.environ, **(self.env or {})}
-        if not self.env or "PYTHONPATH" not in self.env:
+        own = self.env or {}
+        env = {**os.environ, **own}
+        if "PYTHONPATH" not in own:
             path = env.get("PYTHONPATH")
             env["PYTHONPATH"] = _ROOT if not path else f"{_ROOT}{os.pathsep}{path}"
         return env
