@@ -1,5 +1,7 @@
 """`tiergate bench instructions`: the gateway's CPU per request as a count of instructions,
-against the gateway of another commit.
+against the gateway of another commit, or against this tree's own gateway under other settings
+(`--setting policy.prefix_affinity=false`: what a setting costs, with nothing else different:
+the same files, paths and imports, which a commit extracted elsewhere does not keep).
 
 Times on a shared machine drift by ±10% from one minute to the next, more than the differences
 worth knowing about in the request path. Instructions executed do not: each gateway runs under
@@ -66,6 +68,9 @@ _TOTAL = re.compile(r"^\s*(?:Th\s+\d+\s+)?([\d,]+)\s*$")
 @dataclass(frozen=True)
 class Options:
     baseline: str = "HEAD"
+    # KEY=VALUE settings (dotted keys of the gateway's configuration): when given, the baseline
+    # is this tree's gateway with them, not another commit's.
+    settings: tuple[str, ...] = ()
     requests: int = 400  # counted requests per kind, per round
     warmup: int = _WARMUP  # before the first kind; each later kind is warmed by _WARMUP
     rounds: int = 2  # the count repeated, to show how exactly it repeats
@@ -189,6 +194,41 @@ def count(gw: GatewayProcess, body: dict[str, Any], opts: Options, warmup: int) 
         conn.close()
 
 
+def with_settings(cfg: dict[str, Any], settings: tuple[str, ...]) -> dict[str, Any]:
+    """`cfg` with each KEY=VALUE of `settings` set (a dotted KEY into its sections, the VALUE
+    read as YAML: `false`, `16`, `0.5`, text), a new dict; `cfg` is left as it was."""
+    out: dict[str, Any] = json.loads(json.dumps(cfg))
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise ValueError(f"a setting is KEY=VALUE with a dotted KEY, not {setting!r}")
+        node = out
+        for part in path[:-1]:
+            inner = node.setdefault(part, {})
+            if not isinstance(inner, dict):
+                raise ValueError(f"{key}: {part} is a value, not a section")
+            node = inner
+        node[path[-1]] = yaml.safe_load(value)
+    return out
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """What the working tree is compared with: another commit's code, or its own under other
+    settings."""
+
+    name: str
+    baseline: Baseline | None  # None: the working tree's own code
+    config: Path
+
+    def describe(self) -> dict[str, Any]:
+        if self.baseline is None:
+            return {"ref": None, "sha": None, "name": self.name}
+        b = self.baseline
+        return {"ref": b.ref, "sha": b.sha, "name": self.name}
+
+
 def config(sim_urls: list[str], model: str) -> dict[str, Any]:
     # The overhead benchmark's gateway, with scraping switched off after the first round: its
     # cost would land in whichever request's window it fell into. Health and readiness come
@@ -234,30 +274,43 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                                                    args=["--model", model]))
                     for i in range(opts.backends)]  # fmt: skip
             cfg = work / "gateway.yaml"
-            cfg.write_text(yaml.safe_dump(config([s.url for s in sims], model)))
-            base = stack.enter_context(checkout(opts.baseline, work))
-            targets: list[tuple[str, Baseline | None]] = [("gateway", None), (base.name, base)]
+            plain = config([s.url for s in sims], model)
+            cfg.write_text(yaml.safe_dump(plain))
+            ref = _reference(opts, plain, work, stack)
+            targets: list[tuple[str, Path, Baseline | None]] = [
+                ("gateway", cfg, None), (ref.name, ref.config, ref.baseline)]  # fmt: skip
             for r in range(opts.rounds):
-                for name, baseline in targets if r % 2 == 0 else targets[::-1]:
+                for name, conf, baseline in targets if r % 2 == 0 else targets[::-1]:
                     started = time.perf_counter()
                     status = f"round {r + 1}/{opts.rounds}: {name} under callgrind"
-                    with console.status(status), _gateway(name, work, cfg, baseline) as gw:
+                    with console.status(status), _gateway(name, work, conf, baseline) as gw:
                         for i, kind in enumerate(KINDS):
                             cell = cells.setdefault((name, kind), Cell(name, kind, opts.requests))
                             warmup = opts.warmup if i == 0 else _WARMUP
                             cell.per_request.append(count(gw, bodies[kind], opts, warmup))
                     console.print(f"round {r + 1}: {name} counted in "
                                   f"{time.perf_counter() - started:.0f} s")  # fmt: skip
-        report = _report(opts, base, list(cells.values()))
+        report = _report(opts, ref, list(cells.values()))
     _write(report, opts, console)
     return report
 
 
-def _report(opts: Options, base: Baseline, cells: list[Cell]) -> dict[str, Any]:
+def _reference(
+    opts: Options, plain: dict[str, Any], work: Path, stack: contextlib.ExitStack
+) -> _Reference:
+    if opts.settings:
+        conf = work / "gateway-settings.yaml"
+        conf.write_text(yaml.safe_dump(with_settings(plain, opts.settings)))
+        return _Reference("gateway with " + ", ".join(opts.settings), None, conf)
+    base = stack.enter_context(checkout(opts.baseline, work))
+    return _Reference(base.name, base, work / "gateway.yaml")
+
+
+def _report(opts: Options, ref: _Reference, cells: list[Cell]) -> dict[str, Any]:
     by = {(c.target, c.kind): c for c in cells}
     rows = []
     for kind in KINDS:
-        new, old = by[("gateway", kind)], by[(base.name, kind)]
+        new, old = by[("gateway", kind)], by[(ref.name, kind)]
         ratio = new.median / old.median
         rows.append({"kind": kind, "requests": opts.requests, "gateway": new.per_request,
                      "baseline": old.per_request, "ratio": ratio,
@@ -267,7 +320,7 @@ def _report(opts: Options, base: Baseline, cells: list[Cell]) -> dict[str, Any]:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
         "options": {k: str(v) for k, v in asdict(opts).items()},
-        "baseline": {"ref": base.ref, "sha": base.sha, "name": base.name},
+        "baseline": ref.describe(),
         "rows": rows,
     }
 
@@ -306,8 +359,7 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
         "",
         f"- Command: `{report['command']}`",
         f"- Date: {report['date']}; {report['machine']}",
-        f"- Baseline: `{report['baseline']['ref']}` = {report['baseline']['sha']}, extracted with"
-        " `git archive` and run from its own folder.",
+        _baseline_line(report["baseline"], opts),
         f"- Each gateway runs under valgrind's callgrind in front of {_sims(opts.backends)}, with"
         " periodic scraping off, and serves requests one after another on one keep-alive"
         f" connection: {opts.warmup} to warm up (each later kind {_WARMUP}), then the counters"
@@ -329,6 +381,15 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
     console.print(f"wrote {opts.out}, {opts.out.with_suffix('.md')}")
 
 
+def _baseline_line(base: dict[str, Any], opts: Options) -> str:
+    if base["ref"] is None:
+        settings = ", ".join(f"`{s}`" for s in opts.settings)
+        return (f"- Baseline: the same tree's gateway with {settings} in its configuration"
+                " (the same code, files and paths; only the setting differs).")  # fmt: skip
+    return (f"- Baseline: `{base['ref']}` = {base['sha']}, extracted with `git archive` and run"
+            " from its own folder.")  # fmt: skip
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -336,6 +397,16 @@ def command(
     baseline: Annotated[
         str, typer.Option("--baseline", metavar="REF", help="Git ref whose gateway is compared.")
     ] = "HEAD",
+    setting: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--setting",
+            metavar="KEY=VALUE",
+            help="Compare with this tree's own gateway under this setting (a dotted key of the"
+            " configuration, e.g. policy.prefix_affinity=false; repeatable) instead of"
+            " another commit's: what the setting costs, with nothing else different.",
+        ),
+    ] = None,
     requests: Annotated[
         int, typer.Option(min=1, help="Counted requests per kind and round.")
     ] = 400,
@@ -364,8 +435,16 @@ def command(
     ),
 ) -> None:
     """The gateway's CPU per request as instructions counted by valgrind's callgrind (exact
-    where timings drift), against the gateway of another commit: small requests and streams."""
+    where timings drift), against the gateway of another commit or (--setting) against its own
+    under other settings: small requests and streams."""
 
     setup_logging("warning")
-    run(Options(baseline=baseline, requests=requests, rounds=rounds, backends=backends,
-                one_off=one_off, out=out, warmup=warmup))  # fmt: skip
+    settings = tuple(setting or ())
+    if settings and baseline != "HEAD":
+        raise typer.BadParameter("--setting compares with this tree itself: give no --baseline")
+    try:
+        with_settings({}, settings)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--setting") from None
+    run(Options(baseline=baseline, settings=settings, requests=requests, rounds=rounds,
+                backends=backends, one_off=one_off, out=out, warmup=warmup))  # fmt: skip

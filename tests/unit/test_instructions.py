@@ -1,10 +1,15 @@
-"""The instruction-count benchmark's reading of callgrind_control's totals."""
+"""The instruction-count benchmark's reading of callgrind_control's totals, and the settings
+its `--setting` baseline runs under."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
-from loadtests.instructions import parse_totals
+import pytest
+from typer.testing import CliRunner
+
+from loadtests.instructions import parse_totals, with_settings
+from tiergate.cli import app
 
 
 @pytest.mark.parametrize(
@@ -23,3 +28,56 @@ def test_totals_are_summed_over_threads(text: str, total: int) -> None:
 def test_no_totals_is_an_error_not_a_zero() -> None:
     with pytest.raises(ValueError, match="no totals"):
         parse_totals("No active callgrind runs detected.\n")
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ((), {"policy": {"prefix_affinity": True}, "monitor": {"x": 1}}),
+        (("policy.prefix_affinity=false",),
+         {"policy": {"prefix_affinity": False}, "monitor": {"x": 1}}),
+        (("policy.affinity_quiet_every=4", "monitor.x=2.5"),
+         {"policy": {"prefix_affinity": True, "affinity_quiet_every": 4}, "monitor": {"x": 2.5}}),
+        (("tracing.exporter=none",),  # a section the configuration did not have yet
+         {"policy": {"prefix_affinity": True}, "monitor": {"x": 1},
+          "tracing": {"exporter": "none"}}),
+        ((" policy.prefix_affinity = off",),  # YAML's own reading of the value
+         {"policy": {"prefix_affinity": False}, "monitor": {"x": 1}}),
+    ],
+)  # fmt: skip
+def test_a_setting_is_set_in_a_copy_of_the_configuration(
+    settings: tuple[str, ...], expected: dict[str, Any]
+) -> None:
+    cfg = {"policy": {"prefix_affinity": True}, "monitor": {"x": 1}}
+    assert with_settings(cfg, settings) == expected
+    assert cfg == {"policy": {"prefix_affinity": True}, "monitor": {"x": 1}}  # untouched
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("policy.prefix_affinity", "KEY=VALUE"),
+        ("=false", "KEY=VALUE"),
+        ("policy..x=1", "KEY=VALUE"),
+        ("monitor.x.y=1", "x is a value"),
+    ],
+)
+def test_a_malformed_setting_is_refused(setting: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        with_settings({"monitor": {"x": 1}}, (setting,))
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--setting", "policy.prefix_affinity=false", "--baseline", "HEAD~1"], "no --baseline"),
+        (["--setting", "policy.prefix_affinity"], "KEY=VALUE"),
+    ],
+)
+def test_the_command_refuses_a_setting_it_cannot_use_before_starting_anything(
+    args: list[str], why: str
+) -> None:
+    # (wide, so that the message is on one line)
+    done = CliRunner().invoke(app, ["bench", "instructions", *args], env={"COLUMNS": "200"})
+    assert done.exit_code == 2, done.output
+    assert why in done.output

@@ -1,0 +1,66 @@
+"""Callgrind profiles of one-off requests through a gateway in front of two `instant`
+simulators, `policy.prefix_affinity` on or off in its configuration (the same tree otherwise):
+1,100 one-off small requests (past `policy.affinity_quiet_after`, so the memory of homes is
+quiet), 50 of the kind counted, the counters zeroed, 200 counted, the profile dumped to OUT.1.
+From the repository's root, then compared by ../relay-inspection/selfcost.py:
+
+    python docs/results/instructions-affinity-setting/profile.py OUT on|off small|stream
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import sys
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path.cwd()))
+from loadtests.harness.procs import SimProcess
+from loadtests.harness.proxied import small_body, stream_body
+from loadtests.instructions import CallgrindGateway, _control, config, zero
+
+MODEL = "meta-llama/Llama-2-7b-chat-hf"
+SERIAL = itertools.count()
+
+
+def post(conn: http.client.HTTPConnection, body: dict[str, Any]) -> None:
+    data = json.dumps(body | {"prompt": f"{body['prompt']} {next(SERIAL):08d}"}).encode()
+    conn.request("POST", "/v1/completions", body=data,
+                 headers={"Content-Type": "application/json"})  # fmt: skip
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200
+
+
+def main(out: Path, affinity: bool, kind: str) -> None:
+    with TemporaryDirectory() as tmp, SimProcess(profile="instant") as a, \
+            SimProcess(profile="instant") as b:  # fmt: skip
+        cfg = Path(tmp) / "gw.yaml"
+        c = config([a.url, b.url], MODEL)
+        c.setdefault("policy", {})["prefix_affinity"] = affinity
+        cfg.write_text(yaml.safe_dump(c))
+        gw = CallgrindGateway(config=cfg, log=Path(tmp) / "gw.log", out=out,
+                              env={"TIERGATE_COMPILED": "0"})  # fmt: skip
+        gw.start(300)
+        try:
+            conn = http.client.HTTPConnection(gw.host, gw.port, timeout=300)
+            body = stream_body(MODEL, 64, usage=False) if kind == "stream" else small_body(MODEL)
+            for _ in range(1100):
+                post(conn, small_body(MODEL))
+            for _ in range(50):
+                post(conn, body)
+            zero(gw.pid)
+            for _ in range(200):
+                post(conn, body)
+            _control(gw.pid, "-d")
+        finally:
+            gw.stop()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]).resolve(), sys.argv[2] == "on", sys.argv[3])
