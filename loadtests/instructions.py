@@ -57,6 +57,12 @@ from loadtests.harness.procs import GatewayProcess, SimProcess
 from loadtests.harness.proxied import gateway_config, small_body, stream_body
 
 PROFILE = "instant"
+# --paced: 2 ms a step, so that a stream's events reach the gateway one read each, as from a real
+# engine (a decode step apart). From `instant`, a gateway slowed by callgrind finds several
+# events in a read, as many as the timing of the moment puts there: the work per read then
+# varies between processes (by up to 2% of a stream's instructions), which a comparison of
+# two gateways reads as a difference between them.
+PACED = "paced"
 KINDS = ("small", "stream", "stream-no-usage")
 _LABELS = {"small": "small (4 tokens)", "stream": "stream (64 tokens, 66 events)",
            "stream-no-usage": "stream, no usage asked (64 tokens, 65 events out)"}  # fmt: skip
@@ -76,6 +82,7 @@ class Options:
     rounds: int = 2  # the count repeated, to show how exactly it repeats
     backends: int = 1  # simulators in the pool
     one_off: bool = False  # each request's prompt one never sent before
+    paced: bool = False  # the simulators' steps 2 ms apart (PACED), not instant
     out: Path = Path("docs/results/instructions.json")
 
 
@@ -263,14 +270,15 @@ def _gateway(name: str, work: Path, cfg: Path, baseline: Baseline | None,
 
 def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
-    model = load_profile(PROFILE).model
+    profile = PACED if opts.paced else PROFILE
+    model = load_profile(profile).model
     bodies = {"small": small_body(model), "stream": stream_body(model, 64, usage=True),
               "stream-no-usage": stream_body(model, 64, usage=False)}  # fmt: skip
     cells: dict[tuple[str, str], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="tiergate-instructions-") as tmp:
         work = Path(tmp)
         with contextlib.ExitStack() as stack:
-            sims = [stack.enter_context(SimProcess(profile=PROFILE, log=work / f"sim-{i}.log",
+            sims = [stack.enter_context(SimProcess(profile=profile, log=work / f"sim-{i}.log",
                                                    args=["--model", model]))
                     for i in range(opts.backends)]  # fmt: skip
             cfg = work / "gateway.yaml"
@@ -325,8 +333,9 @@ def _report(opts: Options, ref: _Reference, cells: list[Cell]) -> dict[str, Any]
     }
 
 
-def _sims(n: int) -> str:
-    return "one `instant` simulator" if n == 1 else f"{n} `instant` simulators (one pool)"
+def _sims(n: int, paced: bool) -> str:
+    name = f"`{PACED}` (2 ms a step)" if paced else f"`{PROFILE}`"
+    return f"one {name} simulator" if n == 1 else f"{n} {name} simulators (one pool)"
 
 
 def _fmt(v: float) -> str:
@@ -360,9 +369,10 @@ def _write(report: dict[str, Any], opts: Options, console: Console) -> None:
         f"- Command: `{report['command']}`",
         f"- Date: {report['date']}; {report['machine']}",
         _baseline_line(report["baseline"], opts),
-        f"- Each gateway runs under valgrind's callgrind in front of {_sims(opts.backends)}, with"
-        " periodic scraping off, and serves requests one after another on one keep-alive"
-        f" connection: {opts.warmup} to warm up (each later kind {_WARMUP}), then the counters"
+        "- Each gateway runs under valgrind's callgrind in front of"
+        f" {_sims(opts.backends, opts.paced)}, with periodic scraping off, and serves requests"
+        f" one after another on one keep-alive connection: {opts.warmup} to warm up (each later"
+        f" kind {_WARMUP}), then the counters"
         f" are zeroed and {opts.requests} requests of each kind are counted. Instructions of"
         " the whole gateway process (uvicorn, aiohttp, Python) divided by the requests; the"
         " median over rounds (each round a fresh process, targets alternating). Both run the"
@@ -430,6 +440,16 @@ def command(
             help="Each request's prompt one never sent before, or all alike.",
         ),
     ] = False,
+    paced: Annotated[
+        bool,
+        typer.Option(
+            "--paced/--instant",
+            help="Simulators whose steps are 2 ms apart, so that each of a stream's events"
+            " reaches the gateway in a read of its own, as from a real engine (exact from"
+            " process to process), or instant ones (several events a read, as many as the"
+            " moment's timing puts there).",
+        ),
+    ] = False,
     out: Annotated[Path, typer.Option(help="JSON results; the .md is written next to it.")] = Path(
         "docs/results/instructions.json"
     ),
@@ -447,4 +467,5 @@ def command(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--setting") from None
     run(Options(baseline=baseline, settings=settings, requests=requests, rounds=rounds,
-                backends=backends, one_off=one_off, out=out, warmup=warmup))  # fmt: skip
+                backends=backends, one_off=one_off, paced=paced, out=out,
+                warmup=warmup))  # fmt: skip

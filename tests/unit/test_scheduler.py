@@ -259,11 +259,26 @@ def test_speculative_vector_validation_and_scale() -> None:
     assert mean_tokens_per_step(ONES) == 6.0
 
 
-@pytest.mark.parametrize("name", ["v0", "v1", "v2", "v3", "v4", "v4-low", "v4-high", "instant"])
+@pytest.mark.parametrize(
+    "name", ["v0", "v1", "v2", "v3", "v4", "v4-low", "v4-high", "instant", "paced"]
+)
 def test_shipped_profiles_load(name: str) -> None:
     p = load_profile(name)
     assert p.name == name
     assert p.cost.step_s(1, 0) >= 0
+
+
+@pytest.mark.parametrize(
+    ("name", "decode", "prefill", "step"),
+    [("instant", 1, 0, 0.0), ("instant", 64, 4096, 0.0),
+     ("paced", 1, 0, 0.002), ("paced", 64, 4096, 0.002)],
+)  # fmt: skip
+def test_the_overhead_profiles_cost_nothing_but_their_pace(
+    name: str, decode: int, prefill: int, step: float
+) -> None:
+    """`instant` takes no time at all; `paced` 2 ms a step whatever it holds, so that a stream's
+    events reach a reader a step apart (`tiergate bench instructions --paced`)."""
+    assert load_profile(name).cost.step_s(decode, prefill) == pytest.approx(step)
 
 
 def test_unknown_profile_names_the_known_ones() -> None:
