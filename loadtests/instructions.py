@@ -177,25 +177,31 @@ def _post(conn: http.client.HTTPConnection, payload: bytes) -> None:
         raise RuntimeError(f"the gateway answered {r.status}")
 
 
-def count(gw: GatewayProcess, body: dict[str, Any], opts: Options, warmup: int) -> float:
-    """Instructions per request: `warmup` requests, zero, `opts.requests` requests, read the
-    total."""
-    conn = http.client.HTTPConnection(gw.host, gw.port, timeout=300)
-    serial = itertools.count()
-
-    def payload() -> bytes:
-        if not opts.one_off:
-            return fixed
-        # The same length every time, so that only its newness differs from the fixed one.
-        return json.dumps(body | {"prompt": f"{body['prompt']} {next(serial):08d}"}).encode()
-
+def payloads(body: dict[str, Any], one_off: bool, serial: Iterator[int]) -> Iterator[bytes]:
+    """Request bodies: `body` again and again, or (`one_off`) with the next number of `serial`
+    appended to its prompt. One serial for every kind a gateway process counts: a kind that
+    began its numbers anew would send the prompts of the kind before it again, and prefix
+    affinity, finding them remembered, would route them as repeats (measured so: one-off
+    streams after one-off small requests woke the quiet memory up in every stream)."""
     fixed = json.dumps(body).encode()
+    while True:
+        # The same length every time, so that only its newness differs from the fixed one.
+        yield (json.dumps(body | {"prompt": f"{body['prompt']} {next(serial):08d}"}).encode()
+               if one_off else fixed)  # fmt: skip
+
+
+def count(gw: GatewayProcess, body: dict[str, Any], opts: Options, warmup: int,
+          serial: Iterator[int]) -> float:  # fmt: skip
+    """Instructions per request: `warmup` requests, zero, `opts.requests` requests, read the
+    total (`serial`: the gateway process's, for one-off prompts)."""
+    conn = http.client.HTTPConnection(gw.host, gw.port, timeout=300)
+    bodies = payloads(body, opts.one_off, serial)
     try:
         for _ in range(warmup):
-            _post(conn, payload())
+            _post(conn, next(bodies))
         zero(gw.pid)
         for _ in range(opts.requests):
-            _post(conn, payload())
+            _post(conn, next(bodies))
         return instructions(gw.pid) / opts.requests
     finally:
         conn.close()
@@ -292,10 +298,12 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
                     started = time.perf_counter()
                     status = f"round {r + 1}/{opts.rounds}: {name} under callgrind"
                     with console.status(status), _gateway(name, work, conf, baseline) as gw:
+                        serial = itertools.count()  # one for the process: see `payloads`
                         for i, kind in enumerate(KINDS):
                             cell = cells.setdefault((name, kind), Cell(name, kind, opts.requests))
                             warmup = opts.warmup if i == 0 else _WARMUP
-                            cell.per_request.append(count(gw, bodies[kind], opts, warmup))
+                            cell.per_request.append(
+                                count(gw, bodies[kind], opts, warmup, serial))
                     console.print(f"round {r + 1}: {name} counted in "
                                   f"{time.perf_counter() - started:.0f} s")  # fmt: skip
         report = _report(opts, ref, list(cells.values()))

@@ -3,12 +3,14 @@ its `--setting` baseline runs under."""
 
 from __future__ import annotations
 
+import itertools
+import json
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from loadtests.instructions import parse_totals, with_settings
+from loadtests.instructions import parse_totals, payloads, with_settings
 from tiergate.cli import app
 
 
@@ -81,3 +83,19 @@ def test_the_command_refuses_a_setting_it_cannot_use_before_starting_anything(
     done = CliRunner().invoke(app, ["bench", "instructions", *args], env={"COLUMNS": "200"})
     assert done.exit_code == 2, done.output
     assert why in done.output
+
+
+def test_one_off_prompts_stay_new_from_one_kind_to_the_next() -> None:
+    """Every kind a gateway process counts draws from one serial: a stream's prompt is never a
+    small request's sent before (which prefix affinity would route as a repeat)."""
+    serial = itertools.count()
+    small = payloads({"prompt": "hello", "max_tokens": 4}, True, serial)
+    stream = payloads({"prompt": "hello", "stream": True}, True, serial)
+    prompts = [json.loads(next(kind))["prompt"] for kind in (small, small, stream, stream)]
+    assert prompts == ["hello 00000000", "hello 00000001", "hello 00000002", "hello 00000003"]
+    assert len({len(p) for p in prompts}) == 1  # only their newness differs
+
+
+def test_repeated_prompts_are_one_body() -> None:
+    same = payloads({"prompt": "hello"}, False, itertools.count())
+    assert next(same) == next(same) == b'{"prompt": "hello"}'
