@@ -59,9 +59,8 @@ from loadtests.harness.proxied import gateway_config, small_body, stream_body
 PROFILE = "instant"
 # --paced: 2 ms a step, so that a stream's events reach the gateway one read each, as from a real
 # engine (a decode step apart). From `instant`, a gateway slowed by callgrind finds several
-# events in a read, as many as the timing of the moment puts there: the work per read then
-# varies between processes (by up to 2% of a stream's instructions), which a comparison of
-# two gateways reads as a difference between them.
+# events in a read, as many as the timing of the moment puts there, so the reads of a stream,
+# and their work, vary between processes.
 PACED = "paced"
 KINDS = ("small", "stream", "stream-no-usage")
 _LABELS = {"small": "small (4 tokens)", "stream": "stream (64 tokens, 66 events)",
@@ -236,10 +235,8 @@ class _Reference:
     config: Path
 
     def describe(self) -> dict[str, Any]:
-        if self.baseline is None:
-            return {"ref": None, "sha": None, "name": self.name}
         b = self.baseline
-        return {"ref": b.ref, "sha": b.sha, "name": self.name}
+        return {"ref": b and b.ref, "sha": b and b.sha, "name": self.name}
 
 
 def config(sim_urls: list[str], model: str) -> dict[str, Any]:
