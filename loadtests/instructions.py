@@ -147,8 +147,11 @@ class CallgrindGateway(GatewayProcess):
 
     def command(self) -> list[str]:
         # This interpreter (the virtual environment's link to the binary, so that its packages
-        # are found); valgrind follows no exec, so it must not be a wrapper script.
-        cmd = [*callgrind_prefix(self.out), sys.executable, "-m", self.module, *self.argv()]
+        # are found); valgrind follows no exec, so it must not be a wrapper script. -P, as
+        # every process of the harness (ManagedProcess.command): the code comes from
+        # PYTHONPATH (`environment`), not from the working directory.
+        cmd = [*callgrind_prefix(self.out), sys.executable, "-P", "-m", self.module,
+               *self.argv()]  # fmt: skip
         return cmd if self.root is None else ["env", "-C", str(self.root), *cmd]
 
 
@@ -287,7 +290,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
             cfg = work / "gateway.yaml"
             plain = config([s.url for s in sims], model)
             cfg.write_text(yaml.safe_dump(plain))
-            ref = _reference(opts, plain, work, stack)
+            ref = _reference(opts, plain, cfg, stack)
             targets: list[tuple[str, Path, Baseline | None]] = [
                 ("gateway", cfg, None), (ref.name, ref.config, ref.baseline)]  # fmt: skip
             for r in range(opts.rounds):
@@ -309,14 +312,16 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
 
 
 def _reference(
-    opts: Options, plain: dict[str, Any], work: Path, stack: contextlib.ExitStack
+    opts: Options, plain: dict[str, Any], cfg: Path, stack: contextlib.ExitStack
 ) -> _Reference:
+    """The baseline: this tree under `opts.settings` (a configuration of its own beside `cfg`,
+    which holds `plain`), or `opts.baseline`'s commit under `cfg` itself."""
     if opts.settings:
-        conf = work / "gateway-settings.yaml"
+        conf = cfg.with_name("gateway-settings.yaml")
         conf.write_text(yaml.safe_dump(with_settings(plain, opts.settings)))
         return _Reference("gateway with " + ", ".join(opts.settings), None, conf)
-    base = stack.enter_context(checkout(opts.baseline, work))
-    return _Reference(base.name, base, work / "gateway.yaml")
+    base = stack.enter_context(checkout(opts.baseline, cfg.parent))
+    return _Reference(base.name, base, cfg)
 
 
 def _report(opts: Options, ref: _Reference, cells: list[Cell]) -> dict[str, Any]:

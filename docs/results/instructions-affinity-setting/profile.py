@@ -10,40 +10,20 @@ From the repository's root, then compared by ../relay-inspection/selfcost.py:
 from __future__ import annotations
 
 import http.client
-import itertools
-import json
 import sys
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any
 
-import yaml
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path.cwd()))
-from loadtests.harness.procs import SimProcess
+from oneoff import MODEL, post, two_sims
+
 from loadtests.harness.proxied import small_body, stream_body
-from loadtests.instructions import CallgrindGateway, _control, config, zero
-
-MODEL = "meta-llama/Llama-2-7b-chat-hf"
-SERIAL = itertools.count()
-
-
-def post(conn: http.client.HTTPConnection, body: dict[str, Any]) -> None:
-    data = json.dumps(body | {"prompt": f"{body['prompt']} {next(SERIAL):08d}"}).encode()
-    conn.request("POST", "/v1/completions", body=data,
-                 headers={"Content-Type": "application/json"})  # fmt: skip
-    r = conn.getresponse()
-    r.read()
-    assert r.status == 200
+from loadtests.instructions import CallgrindGateway, _control, zero
 
 
 def main(out: Path, affinity: bool, kind: str) -> None:
-    with TemporaryDirectory() as tmp, SimProcess(profile="instant") as a, \
-            SimProcess(profile="instant") as b:  # fmt: skip
-        cfg = Path(tmp) / "gw.yaml"
-        c = config([a.url, b.url], MODEL)
-        c.setdefault("policy", {})["prefix_affinity"] = affinity
-        cfg.write_text(yaml.safe_dump(c))
+    with TemporaryDirectory() as tmp, two_sims(Path(tmp), affinity) as cfg:
         gw = CallgrindGateway(config=cfg, log=Path(tmp) / "gw.log", out=out,
                               env={"TIERGATE_COMPILED": "0"})  # fmt: skip
         gw.start(300)

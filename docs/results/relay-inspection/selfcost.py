@@ -8,17 +8,24 @@ import re
 import sys
 
 
-def selfcost(path: str) -> collections.Counter[str]:
-    names: dict[str, str] = {}
+class Names:
+    """A callgrind dump's function names: "(id) name" defines a compressed name, "(id)" uses
+    it; read in the order the dump gives them."""
 
-    def name(spec: str) -> str:  # "(id) name" defines a compressed name, "(id)" uses it
+    def __init__(self) -> None:
+        self.known: dict[str, str] = {}
+
+    def __call__(self, spec: str) -> str:
         m = re.match(r"\((\d+)\)(?: (.*))?", spec)
         if m is None:
             return spec
         if m.group(2):
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), spec)
+            self.known[m.group(1)] = m.group(2)
+        return self.known.get(m.group(1), spec)
 
+
+def selfcost(path: str) -> collections.Counter[str]:
+    name = Names()
     cost: collections.Counter[str] = collections.Counter()
     fn, call = "", False
     with open(path, errors="replace") as f:

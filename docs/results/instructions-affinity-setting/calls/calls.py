@@ -11,24 +11,18 @@ adds: (on, 400) - (on, 0) against (off, 400) - (off, 0).
 from __future__ import annotations
 
 import http.client
-import itertools
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any
 
-import yaml
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path.cwd()))
-from loadtests.harness.procs import GatewayProcess, SimProcess
-from loadtests.harness.proxied import small_body, stream_body
-from loadtests.instructions import config
+from oneoff import MODEL, post, two_sims
 
-MODEL = "meta-llama/Llama-2-7b-chat-hf"
-SERIAL = itertools.count()
+from loadtests.harness.procs import GatewayProcess
+from loadtests.harness.proxied import small_body, stream_body
 
 
 @dataclass
@@ -40,22 +34,8 @@ class ProfiledGateway(GatewayProcess):
                 *self.argv()]  # fmt: skip
 
 
-def post(conn: http.client.HTTPConnection, body: dict[str, Any]) -> None:
-    data = json.dumps(body | {"prompt": f"{body['prompt']} {next(SERIAL):08d}"}).encode()
-    conn.request("POST", "/v1/completions", body=data,
-                 headers={"Content-Type": "application/json"})  # fmt: skip
-    r = conn.getresponse()
-    r.read()
-    assert r.status == 200
-
-
 def main(out: Path, affinity: bool, streams: int) -> None:
-    with TemporaryDirectory() as tmp, SimProcess(profile="instant") as a, \
-            SimProcess(profile="instant") as b:  # fmt: skip
-        cfg = Path(tmp) / "gw.yaml"
-        c = config([a.url, b.url], MODEL)
-        c.setdefault("policy", {})["prefix_affinity"] = affinity
-        cfg.write_text(yaml.safe_dump(c))
+    with TemporaryDirectory() as tmp, two_sims(Path(tmp), affinity) as cfg:
         gw = ProfiledGateway(config=cfg, log=Path(tmp) / "gw.log", out=out,
                              env={"TIERGATE_COMPILED": "0"})  # fmt: skip
         gw.start(120)

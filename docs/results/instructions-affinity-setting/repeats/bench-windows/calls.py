@@ -4,21 +4,15 @@ callee), side by side: `python calls.py A B FUNCTION...` (200 requests in each w
 from __future__ import annotations
 
 import collections
-import re
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "relay-inspection"))
+from selfcost import Names
 
 
 def calls(path: str) -> collections.Counter[str]:
-    names: dict[str, str] = {}
-
-    def name(spec: str) -> str:  # "(id) name" defines a compressed name, "(id)" uses it
-        m = re.match(r"\((\d+)\)(?: (.*))?", spec)
-        if m is None:
-            return spec
-        if m.group(2):
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), spec)
-
+    name = Names()
     counted: collections.Counter[str] = collections.Counter()
     callee = ""
     with open(path, errors="replace") as f:
