@@ -304,7 +304,8 @@ class AffinityView(BaseModel):
     keys: int = Field(description="Affinity keys remembered now, each with where it was served.")
     quiet: bool = Field(
         description="Nothing has repeated for `policy.affinity_quiet_after` new keys in a row:"
-        " one new key in `policy.affinity_quiet_every` is remembered until one comes again."
+        " one request in `policy.affinity_quiet_every` is keyed (and a chat's later turn looked"
+        " up) until a remembered key comes again."
     )
 
 

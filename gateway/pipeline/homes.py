@@ -13,10 +13,13 @@ Per process: with several workers, each remembers what it served (a first-seen s
 goes to its own backend by hashing, the same in every worker).
 
 Quiet: where `quiet` new keys in a row have come and none came again (prompts that never
-repeat: a batch job, a benchmark), remembering each one is work for nothing: from then on each
-request's key is only looked up, and one new key in `every` remembered (`wanted`), until a key
-comes again, which turns remembering every key back on. A conversation that starts while it is
-quiet is found at a later turn once one of its turns was remembered (one in `every`).
+repeat: a batch job, a benchmark), remembering each one is work for nothing, and so is
+computing each one's key: from then on one request in `every` is keyed (`drawn`), and of the
+others only what shows itself a later turn (a chat with more than its opening) is looked up
+(the intake decides: gateway.pipeline.intake), until a remembered key comes again, which turns
+keying every request back on. A chat that starts while it is quiet is found at a later turn once
+one of its turns was remembered (one in `every`); a prompt with no turns to show (a completion)
+only where one of its repeats is drawn too.
 """
 
 from __future__ import annotations
@@ -67,12 +70,14 @@ class Homes:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def wanted(self, key: int) -> bool:
-        """While it is quiet (`everyone` false): whether to remember `key`: it is known (it came
-        again, and `begin` makes every key remembered again), or it is drawn, one new key in
-        `every` (drawn at random: a count would pass over the same conversation at every turn
-        where its turns come in step with the others)."""
-        return key in self._keys or self._draw() < self._chance
+    def __contains__(self, key: int) -> bool:
+        return key in self._keys
+
+    def drawn(self) -> bool:
+        """While it is quiet (`everyone` false): whether to key the request at hand, one in
+        `every`: its key is then remembered if new (drawn at random: a count would pass over
+        the same conversation at every turn where its turns come in step with the others)."""
+        return self._draw() < self._chance
 
     def _remember(self, key: int, entry: list[Any]) -> None:
         keys = self._keys

@@ -146,11 +146,14 @@ class Intake:
                 ex.affinity = session_key(
                     (b"session", sid) if sid else (b"user", str(user).encode())
                 )
-            else:
-                key = prefix_key(data, ex.endpoint.chat)
-                # While prompts never repeat, a new key is mostly not remembered: no
-                # bookkeeping for it (gateway.pipeline.homes).
-                if key is not None and (homes.everyone or homes.wanted(key)):
+            elif homes.everyone or homes.drawn():
+                ex.affinity = prefix_key(data, ex.endpoint.chat)
+            elif ex.endpoint.chat and later_turn(data):
+                # Quiet (prompts never repeat: gateway.pipeline.homes): a request not drawn is
+                # not keyed, no key computed, unless it shows itself a conversation's later
+                # turn, whose earlier turn may have been drawn.
+                key = prefix_key(data, True)
+                if key is not None and key in homes:
                     ex.affinity = key
         if self.registry.restricted:
             ex.exclude = self._exclusions(ex)
@@ -291,6 +294,14 @@ def prefix_key(data: dict[str, Any], chat: bool) -> int | None:
     if isinstance(prompt, list) and prompt:
         return hash(("ids", repr(prompt[:_PREFIX_IDS])))
     return None
+
+
+def later_turn(data: dict[str, Any]) -> bool:
+    """Whether a chat carries more than a conversation's opening (a system prompt and the first
+    question): a later turn. Cheap and generous: a first turn with more than two messages (few-shot
+    examples) counts too, and is only looked up."""
+    messages = data.get("messages")
+    return isinstance(messages, list) and len(messages) > 2
 
 
 def _is_json(ctype: bytes) -> bool:

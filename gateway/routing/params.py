@@ -152,15 +152,16 @@ class PolicyParams(BaseModel):
         default=1024,
         ge=0,
         description="New affinity keys in a row, none of them seen again (prompts that never"
-        " repeat), after which remembering every one is work for nothing: only one new key in"
-        " `affinity_quiet_every` is remembered, each request's key still looked up, until a key"
-        " comes again. 0: every key always remembered.",
+        " repeat), after which keying every request is work for nothing: only one request in"
+        " `affinity_quiet_every` is keyed (its key remembered), and a chat's later turn looked"
+        " up, until a remembered key comes again. 0: every request always keyed.",
     )
     affinity_quiet_every: int = Field(
         default=16,
         ge=1,
-        description="While nothing repeats (`affinity_quiet_after`), one new key in this many is"
-        " remembered, so that a conversation starting then is found at a later turn.",
+        description="While nothing repeats (`affinity_quiet_after`), one request in this many"
+        " is keyed and its key remembered, so that a conversation starting then is found at a"
+        " later turn (a completion's repeat: where that repeat is drawn too).",
     )
     affinity_ttl_s: float = Field(
         default=600.0,

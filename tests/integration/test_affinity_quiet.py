@@ -1,6 +1,6 @@
 """Prefix affinity's quiet state over real sockets: where prompts never repeat the gateway stops
-remembering each one (`/state` says so), and a remembered prompt that comes again goes back to
-the instance that served it and ends the quiet."""
+remembering each one (`/state` says so); a chat's later turn then goes back to the instance that
+served its first and ends the quiet, and so does a repeated prompt, once a repeat is drawn."""
 
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ def affinity(c: httpx.Client) -> dict[str, Any]:
     return view
 
 
-def test_prompts_that_never_repeat_make_it_quiet_and_one_that_comes_again_goes_home(
+def test_prompts_that_never_repeat_make_it_quiet_and_a_later_turn_goes_home(
     stack: Stack,
 ) -> None:
+    opening = [{"role": "system", "content": "You answer in one word."},
+               {"role": "user", "content": "A chat that comes back: its first turn."}]  # fmt: skip
     with httpx.Client(base_url=stack.gateway.url, timeout=30) as c:
 
         def send(prompt: str) -> str:
@@ -41,9 +43,16 @@ def test_prompts_that_never_repeat_make_it_quiet_and_one_that_comes_again_goes_h
             assert r.status_code == 200
             return r.headers["x-tiergate-backend"]
 
+        def chat(messages: list[dict[str, str]]) -> str:
+            r = c.post("/v1/chat/completions",
+                       json={"model": MODEL, "messages": messages, "max_tokens": 2})  # fmt: skip
+            assert r.status_code == 200
+            return r.headers["x-tiergate-backend"]
+
         assert affinity(c) == {"keys": 0, "quiet": False}
-        first = send("a prompt that comes again")
-        for i in range(1, QUIET_AFTER):
+        first = chat(opening)
+        again = send("a prompt that comes again")
+        for i in range(2, QUIET_AFTER):
             send(f"a prompt of its own, number {i}")
         assert affinity(c) == {"keys": QUIET_AFTER, "quiet": True}
         for i in range(200):
@@ -51,5 +60,18 @@ def test_prompts_that_never_repeat_make_it_quiet_and_one_that_comes_again_goes_h
         view = affinity(c)
         assert view["quiet"]
         assert 20 <= view["keys"] - QUIET_AFTER <= 90  # about one in four of 200 remembered
-        assert send("a prompt that comes again") == first
+        later = [*opening, {"role": "assistant", "content": "Yes."},
+                 {"role": "user", "content": "And its second."}]  # fmt: skip
+        assert chat(later) == first
         assert affinity(c)["quiet"] is False
+        # Quiet again; a completion shows no turns: its repeat is looked up once one is drawn
+        # (one in four), which goes home and ends the quiet.
+        for i in range(QUIET_AFTER):
+            send(f"yet another prompt of its own, number {i}")
+        assert affinity(c)["quiet"]
+        for _ in range(100):  # all 100 not drawn: 0.75^100, 3e-13
+            backend = send("a prompt that comes again")
+            if not affinity(c)["quiet"]:
+                break
+        assert not affinity(c)["quiet"]
+        assert backend == again

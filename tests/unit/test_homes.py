@@ -126,12 +126,16 @@ def test_unkeyed_requests_are_not_remembered() -> None:
     assert ex.home is None
 
 
+def keys(homes: Homes, key: int, later: bool = False) -> bool:
+    """Whether the intake keys a request with no declared session: every one while it is not
+    quiet; while it is, one drawn in `every`, and a chat's later turn (`later`) whose key is
+    remembered."""
+    return homes.everyone or homes.drawn() or (later and key in homes)
+
+
 def keyed(homes: Homes, key: int) -> Exchange | None:
-    """A request with no declared session as the intake keys it: looked up whenever it is
-    quiet, remembered only where `wanted`; served by A (None: not keyed at all)."""
-    if not (homes.everyone or homes.wanted(key)):
-        return None
-    return served(homes, key, A)
+    """A one-off request as the intake keys it, served by A (None: not keyed at all)."""
+    return served(homes, key, A) if keys(homes, key) else None
 
 
 def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it(
@@ -147,10 +151,12 @@ def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it(
     got = [keyed(homes, key) is not None for key in range(100, 400)]
     assert 70 <= sum(got) <= 130
     assert len(homes) == 4 + sum(got)
-    # A key remembered while quiet comes again: it has its home, and every key is kept again.
+    # A key remembered while quiet comes again (a chat's later turn, looked up): it has its
+    # home, and every key is kept again.
     remembered = 100 + got.index(True)
     again = exchange(remembered)
-    assert homes.wanted(remembered)
+    assert remembered in homes
+    assert 99 not in homes
     homes.begin(again)
     assert again.home == A.url
     assert homes.everyone
@@ -161,8 +167,8 @@ def test_new_keys_in_a_row_make_it_quiet_and_a_repeat_ends_it(
 
 @pytest.mark.parametrize("between", [1, 2, 3, 7])
 def test_a_conversation_starting_while_quiet_is_found_at_a_later_turn(between: int) -> None:
-    """Its turns come among prompts that never repeat, in step with them or not: one of its
-    turns is remembered, its next turn finds it, and every key is remembered again."""
+    """A chat's turns come among prompts that never repeat, in step with them or not: one of
+    its turns is remembered, its next turn finds it, and every key is remembered again."""
     homes = Homes(1024, 60.0, Clock(), quiet=(8, 4), rng=random.Random(between))
     serial = iter(range(1_000, 10_000))
     for _ in range(8):
@@ -173,7 +179,7 @@ def test_a_conversation_starting_while_quiet_is_found_at_a_later_turn(between: i
         for _ in range(between):  # one-off prompts between its turns
             keyed(homes, next(serial))
         ex = exchange(conversation)
-        if homes.everyone or homes.wanted(conversation):
+        if keys(homes, conversation, later=turn > 1):
             homes.begin(ex)
             if ex.home is not None:
                 found = turn
@@ -181,6 +187,21 @@ def test_a_conversation_starting_while_quiet_is_found_at_a_later_turn(between: i
             ex.backend, ex.status = A, 200
             homes.end(ex)
     assert found is not None
+    assert homes.everyone
+
+
+def test_a_prompt_repeated_while_quiet_is_found_where_a_repeat_is_drawn() -> None:
+    """A completion shows no turns: while it is quiet, a repeat of a remembered prompt is keyed
+    only where it is drawn (one in `every`), and goes home then, which ends the quiet."""
+    homes = Homes(1024, 60.0, Clock(), quiet=(8, 4), rng=random.Random(5))
+    for key in range(8):
+        keyed(homes, key)
+    assert not homes.everyone
+    repeats = 0
+    while (ex := keyed(homes, 3)) is None:
+        repeats += 1
+        assert repeats < 200
+    assert ex.home == A.url
     assert homes.everyone
 
 
