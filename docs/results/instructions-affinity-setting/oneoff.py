@@ -33,10 +33,10 @@ def post(conn: http.client.HTTPConnection, body: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def two_sims(folder: Path, affinity: bool) -> Iterator[Path]:
-    """A gateway configuration (written in `folder`) in front of two `instant` simulators,
-    running while the block runs."""
-    with SimProcess(profile="instant") as a, SimProcess(profile="instant") as b:
+def two_sims(folder: Path, affinity: bool, profile: str = "instant") -> Iterator[Path]:
+    """A gateway configuration (written in `folder`) in front of two simulators (`instant`
+    unless `profile` says otherwise), running while the block runs."""
+    with SimProcess(profile=profile) as a, SimProcess(profile=profile) as b:
         cfg = folder / "gw.yaml"
         c = config([a.url, b.url], MODEL)
         c.setdefault("policy", {})["prefix_affinity"] = affinity

@@ -4,7 +4,9 @@ simulators, `policy.prefix_affinity` on or off in its configuration (the same tr
 quiet), 50 of the kind counted, the counters zeroed, 200 counted, the profile dumped to OUT.1.
 From the repository's root, then compared by ../relay-inspection/selfcost.py:
 
-    python docs/results/instructions-affinity-setting/profile.py OUT on|off small|stream
+    python docs/results/instructions-affinity-setting/profile.py OUT on|off small|stream [paced]
+
+(`paced`: the simulators of `tiergate bench instructions --paced`, 2 ms a step.)
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from loadtests.harness.proxied import small_body, stream_body
 from loadtests.instructions import CallgrindGateway, _control, zero
 
 
-def main(out: Path, affinity: bool, kind: str) -> None:
-    with TemporaryDirectory() as tmp, two_sims(Path(tmp), affinity) as cfg:
+def main(out: Path, affinity: bool, kind: str, profile: str) -> None:
+    with TemporaryDirectory() as tmp, two_sims(Path(tmp), affinity, profile) as cfg:
         gw = CallgrindGateway(config=cfg, log=Path(tmp) / "gw.log", out=out,
                               env={"TIERGATE_COMPILED": "0"})  # fmt: skip
         gw.start(300)
@@ -43,4 +45,5 @@ def main(out: Path, affinity: bool, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).resolve(), sys.argv[2] == "on", sys.argv[3])
+    main(Path(sys.argv[1]).resolve(), sys.argv[2] == "on", sys.argv[3],
+         sys.argv[4] if len(sys.argv) > 4 else "instant")  # fmt: skip

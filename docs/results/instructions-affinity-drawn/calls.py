@@ -1,0 +1,43 @@
+"""Calls to C functions in two callgrind dumps, and the largest differences, per request:
+`python calls.py A.out.1 B.out.1 REGEX [REQUESTS]` (REGEX: the functions listed first)."""
+
+from __future__ import annotations
+
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relay-inspection"))
+from selfcost import Names
+
+
+def calls(path: str) -> collections.Counter[str]:
+    """Calls made to each function (callgrind's `calls=` lines, summed over callers)."""
+    name = Names()
+    count: collections.Counter[str] = collections.Counter()
+    callee = ""
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith("fn="):
+                name(line[3:].strip())
+            elif line.startswith("cfn="):
+                callee = name(line[4:].strip())
+            elif line.startswith("calls="):
+                count[callee] += int(line[6:].split()[0])
+    return count
+
+
+def main(a: str, b: str, pattern: str, requests: int) -> None:
+    ca, cb = calls(a), calls(b)
+    names = sorted(ca.keys() | cb.keys())
+    print(f"calls per request, first against second ({requests} requests):")
+    for k in (k for k in names if re.search(pattern, k)):
+        print(f"{ca[k] / requests:10.2f} {cb[k] / requests:10.2f}  {k[:90]}")
+    print("largest differences:")
+    for k in sorted(names, key=lambda k: -abs(ca[k] - cb[k]))[:20]:
+        print(f"{(ca[k] - cb[k]) / requests:+10.2f}  {k[:90]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 200)
