@@ -147,30 +147,53 @@ async def test_intake_fills_the_exchange() -> None:
 
 async def test_prompts_that_never_repeat_stop_being_keyed_and_a_repeat_keys_them_again() -> None:
     """Past `affinity_quiet_after` new keys in a row (none served again), most requests carry
-    no affinity key (no bookkeeping: gateway.pipeline.homes); a session always does, and a
-    remembered key that comes again turns keying back on for every request."""
+    no affinity key (no bookkeeping: gateway.pipeline.homes); a session always does, a chat's
+    later turn is looked up and keyed where it is remembered, a repeated completion where it is
+    drawn, and a remembered key that comes again turns keying back on for every request."""
     s = settings(policy={"affinity_quiet_after": 16, "affinity_quiet_every": 4})
     it = intake(s)
     homes = it.homes
     assert homes is not None
 
-    async def one(prompt: str, headers: dict[str, str] | None = None) -> Exchange:
-        ex = it.open(COMPLETIONS, scope(headers or {}), _no_send)
-        await it.read(ex, receiver(json.dumps(OKAY | {"prompt": prompt}).encode()))
+    async def one(body: dict[str, Any], headers: dict[str, str] | None = None) -> Exchange:
+        endpoint = CHAT if "messages" in body else COMPLETIONS
+        ex = it.open(endpoint, scope(headers or {}), _no_send)
+        await it.read(ex, receiver(json.dumps(body).encode()))
         if ex.affinity is not None:  # as the proxy does around routing (gateway.serve.app)
             homes.begin(ex)
             homes.end(ex)
         return ex
 
-    for i in range(16):
-        assert (await one(f"new {i}")).affinity is not None
-    quiet = [(await one(f"quiet {i}")).affinity is not None for i in range(400)]
+    def prompt(text: str) -> dict[str, Any]:
+        return OKAY | {"prompt": text}
+
+    def chat(*turns: str) -> dict[str, Any]:
+        said = [{"role": "user" if i % 2 == 0 else "assistant", "content": t}
+                for i, t in enumerate(turns)]  # fmt: skip
+        return {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, *said]}
+
+    assert (await one(chat("a chat"))).affinity is not None
+    for i in range(15):
+        assert (await one(prompt(f"new {i}"))).affinity is not None
+    quiet = [(await one(prompt(f"quiet {i}"))).affinity is not None for i in range(400)]
+    assert not homes.everyone
     assert 50 <= sum(quiet) <= 150  # about one in four
-    assert (await one("a session", {"x-session-id": "s1"})).affinity is not None
-    kept = f"quiet {quiet.index(True)}"
-    assert (await one(kept)).affinity is not None
+    firsts = [(await one(chat(f"quiet chat {i}"))).affinity is not None for i in range(400)]
+    assert 50 <= sum(firsts) <= 150  # a first turn shows nothing to look up: drawn
+    assert (await one(prompt("a session"), {"x-session-id": "s1"})).affinity is not None
+    # A later turn of a chat remembered before it went quiet: looked up, keyed, every key again.
+    assert (await one(chat("a chat", "yes", "and then"))).affinity is not None
     assert homes.everyone
-    assert all([(await one(f"after {i}")).affinity is not None for i in range(10)])
+    for i in range(16):
+        await one(prompt(f"again new {i}"))
+    assert not homes.everyone
+    # A completion shows no turns: its repeat is keyed where it is drawn (one in four).
+    kept = prompt(f"quiet {quiet.index(True)}")
+    for _ in range(100):  # none of 100 drawn: 0.75^100, 3e-13
+        if (await one(kept)).affinity is not None:
+            break
+    assert homes.everyone
+    assert all([(await one(prompt(f"after {i}"))).affinity is not None for i in range(10)])
 
 
 async def test_request_ids_are_made_when_absent_and_unique() -> None:
