@@ -1,31 +1,18 @@
 """Calls to C functions in two callgrind dumps, and the largest differences, per request:
-`python calls.py A.out.1 B.out.1 REGEX [REQUESTS]` (REGEX: the functions listed first)."""
+`python compare_calls.py A.out.1 B.out.1 REGEX [REQUESTS]` (REGEX: the functions listed
+first)."""
 
 from __future__ import annotations
 
-import collections
 import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relay-inspection"))
-from selfcost import Names
-
-
-def calls(path: str) -> collections.Counter[str]:
-    """Calls made to each function (callgrind's `calls=` lines, summed over callers)."""
-    name = Names()
-    count: collections.Counter[str] = collections.Counter()
-    callee = ""
-    with open(path, errors="replace") as f:
-        for line in f:
-            if line.startswith("fn="):
-                name(line[3:].strip())
-            elif line.startswith("cfn="):
-                callee = name(line[4:].strip())
-            elif line.startswith("calls="):
-                count[callee] += int(line[6:].split()[0])
-    return count
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent / "instructions-affinity-setting" / "repeats"
+           / "bench-windows"),
+)  # fmt: skip
+from calls import calls
 
 
 def main(a: str, b: str, pattern: str, requests: int) -> None:
