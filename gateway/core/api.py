@@ -304,8 +304,8 @@ class AffinityView(BaseModel):
     keys: int = Field(description="Affinity keys remembered now, each with where it was served.")
     quiet: bool = Field(
         description="Nothing has repeated for `policy.affinity_quiet_after` new keys in a row:"
-        " one request in `policy.affinity_quiet_every` is keyed (and a chat's later turn looked"
-        " up) until a remembered key comes again."
+        " one request in `policy.affinity_quiet_every` is keyed (and what may be a later turn"
+        " looked up) until a remembered key comes again."
     )
 
 

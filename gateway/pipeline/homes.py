@@ -15,11 +15,11 @@ goes to its own backend by hashing, the same in every worker).
 Quiet: where `quiet` new keys in a row have come and none came again (prompts that never
 repeat: a batch job, a benchmark), remembering each one is work for nothing, and so is
 computing each one's key: from then on one request in `every` is keyed (`drawn`), and of the
-others only what shows itself a later turn (a chat with more than its opening) is looked up
-(the intake decides: gateway.pipeline.intake), until a remembered key comes again, which turns
-keying every request back on. A chat that starts while it is quiet is found at a later turn once
-one of its turns was remembered (one in `every`); a prompt with no turns to show (a completion)
-only where one of its repeats is drawn too.
+others only what may be a later turn (a chat with more than its opening, a prompt long enough
+that its key is its beginning) is looked up (the intake decides: gateway.pipeline.intake), until
+a remembered key comes again, which turns keying every request back on. A conversation that
+starts while it is quiet is found at a later turn once one of its turns was remembered (one in
+`every`); a short prompt's exact repeat only where that repeat is drawn too.
 """
 
 from __future__ import annotations

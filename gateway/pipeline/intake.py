@@ -148,11 +148,11 @@ class Intake:
                 )
             elif homes.everyone or homes.drawn():
                 ex.affinity = prefix_key(data, ex.endpoint.chat)
-            elif ex.endpoint.chat and later_turn(data):
+            elif later_turn(data, ex.endpoint.chat):
                 # Quiet (prompts never repeat: gateway.pipeline.homes): a request not drawn is
-                # not keyed, no key computed, unless it shows itself a conversation's later
-                # turn, whose earlier turn may have been drawn.
-                key = prefix_key(data, True)
+                # not keyed, no key computed, unless it may be a conversation's later turn,
+                # whose earlier turn may have been drawn.
+                key = prefix_key(data, ex.endpoint.chat)
                 if key is not None and key in homes:
                     ex.affinity = key
         if self.registry.restricted:
@@ -296,12 +296,20 @@ def prefix_key(data: dict[str, Any], chat: bool) -> int | None:
     return None
 
 
-def later_turn(data: dict[str, Any]) -> bool:
-    """Whether a chat carries more than a conversation's opening (a system prompt and the first
-    question): a later turn. Cheap and generous: a first turn with more than two messages (few-shot
-    examples) counts too, and is only looked up."""
-    messages = data.get("messages")
-    return isinstance(messages, list) and len(messages) > 2
+def later_turn(data: dict[str, Any], chat: bool) -> bool:
+    """Whether the request may be a later turn of a conversation: a chat that carries more than
+    its opening (a system prompt and the first question); a prompt long enough that its key
+    (`prefix_key`: its beginning) is shared by the longer prompts of the turns after it, where
+    a shorter prompt's key is the whole prompt and only its exact repeat has it. Cheap and
+    generous: a first turn with few-shot examples, a long one-off prompt, counts too, and is
+    only looked up."""
+    if chat:
+        messages = data.get("messages")
+        return isinstance(messages, list) and len(messages) > 2
+    prompt = data.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt) >= _PREFIX_CHARS
+    return isinstance(prompt, list) and len(prompt) >= _PREFIX_IDS
 
 
 def _is_json(ctype: bytes) -> bool:

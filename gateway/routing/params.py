@@ -153,15 +153,16 @@ class PolicyParams(BaseModel):
         ge=0,
         description="New affinity keys in a row, none of them seen again (prompts that never"
         " repeat), after which keying every request is work for nothing: only one request in"
-        " `affinity_quiet_every` is keyed (its key remembered), and a chat's later turn looked"
-        " up, until a remembered key comes again. 0: every request always keyed.",
+        " `affinity_quiet_every` is keyed (its key remembered), and what may be a later turn (a"
+        " chat past its opening, a prompt past the key's length) looked up, until a remembered"
+        " key comes again. 0: every request always keyed.",
     )
     affinity_quiet_every: int = Field(
         default=16,
         ge=1,
         description="While nothing repeats (`affinity_quiet_after`), one request in this many"
         " is keyed and its key remembered, so that a conversation starting then is found at a"
-        " later turn (a completion's repeat: where that repeat is drawn too).",
+        " later turn (a short prompt's exact repeat: where that repeat is drawn too).",
     )
     affinity_ttl_s: float = Field(
         default=600.0,

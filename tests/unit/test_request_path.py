@@ -148,8 +148,9 @@ async def test_intake_fills_the_exchange() -> None:
 async def test_prompts_that_never_repeat_stop_being_keyed_and_a_repeat_keys_them_again() -> None:
     """Past `affinity_quiet_after` new keys in a row (none served again), most requests carry
     no affinity key (no bookkeeping: gateway.pipeline.homes); a session always does, a chat's
-    later turn is looked up and keyed where it is remembered, a repeated completion where it is
-    drawn, and a remembered key that comes again turns keying back on for every request."""
+    later turn, and a prompt long enough to share its key's beginning with an earlier one, are
+    looked up and keyed where remembered, a short repeated prompt where it is drawn, and a
+    remembered key that comes again turns keying back on for every request."""
     s = settings(policy={"affinity_quiet_after": 16, "affinity_quiet_every": 4})
     it = intake(s)
     homes = it.homes
@@ -172,8 +173,10 @@ async def test_prompts_that_never_repeat_stop_being_keyed_and_a_repeat_keys_them
                 for i, t in enumerate(turns)]  # fmt: skip
         return {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, *said]}
 
+    opening = "A long opening of a conversation. " * 40  # past the key's 1,024 characters
     assert (await one(chat("a chat"))).affinity is not None
-    for i in range(15):
+    assert (await one(prompt(opening))).affinity is not None
+    for i in range(14):
         assert (await one(prompt(f"new {i}"))).affinity is not None
     quiet = [(await one(prompt(f"quiet {i}"))).affinity is not None for i in range(400)]
     assert not homes.everyone
@@ -183,6 +186,13 @@ async def test_prompts_that_never_repeat_stop_being_keyed_and_a_repeat_keys_them
     assert (await one(prompt("a session"), {"x-session-id": "s1"})).affinity is not None
     # A later turn of a chat remembered before it went quiet: looked up, keyed, every key again.
     assert (await one(chat("a chat", "yes", "and then"))).affinity is not None
+    assert homes.everyone
+    for i in range(16):
+        await one(prompt(f"once more new {i}"))
+    assert not homes.everyone
+    # A prompt whose beginning is a remembered key's (a completion conversation's later turn,
+    # its opening past the key's length): looked up, keyed, every key again.
+    assert (await one(prompt(opening + "An answer. A second question."))).affinity is not None
     assert homes.everyone
     for i in range(16):
         await one(prompt(f"again new {i}"))
