@@ -163,6 +163,7 @@ class AsyncEngine:
                 if seq.first_scheduled is not None:
                     m.queue.observe(seq.first_scheduled - seq.arrival)
                     m.prefill.observe(now - seq.first_scheduled)
+                    m.prefill_computed.observe(seq.prompt_tokens - seq.cached_tokens)
             else:
                 m.itl.observe(now - stream.last_at)
             stream.last_at = now

@@ -368,7 +368,8 @@ class PrefillCost:
     step within each knot of load (each knot its own mean: the decode step there), pooled
     over the knots (least squares, exponentially weighted). Within a knot the decode step
     drops out; a regression on the curve's residuals instead would let the curve absorb the
-    prefill first and learn none of it.
+    prefill first and learn none of it. The same regression reads a request's prefill time
+    against its prompt tokens computed (BackendModel._learn_prompt).
     """
 
     __slots__ = ("count", "mean", "memory", "spp", "sxx", "sxy")
@@ -475,6 +476,9 @@ class EngineSample:
     # Prompt tokens the engine has computed (prefilled, less those found in its prefix
     # cache), cumulative; None where the engine does not say.
     prefilled: float | None = None
+    # The requests prefilled, cumulative: their prefill times' sum, their prompt tokens
+    # computed, and how many; None where the engine does not say.
+    prefill: tuple[float, float, float] | None = None
 
 
 class BackendModel:
@@ -489,6 +493,9 @@ class BackendModel:
         self.ttft = CurveLearner(memory)
         self.acceptance = AcceptanceRate(halflife_s)
         self.prefill = PrefillCost(4 * memory)
+        # What a prompt token costs a request's prefill, read from the engine's prefill times
+        # (what a conversation's history costs where it is not cached: gateway.routing.affinity).
+        self.prompt = PrefillCost(4 * memory)
         self.spread = LogSpread(4 * memory, spread, 2.0)
         # How far a finished stream's own acceptance lies from the average, ln of the ratio:
         # its usual scatter, against which a shift is told from noise (`observe_request`).
@@ -505,6 +512,8 @@ class BackendModel:
     def observe_engine(self, sample: EngineSample, now: float) -> None:
         """One scrape: acceptance first (it rescales the curve), then the step time it saw."""
         last, self._last = self._last, sample
+        if last is not None:
+            self._learn_prompt(last, sample)
         if sample.spec is not None:
             self.acceptance.observe(sample.spec, now)
             tps = self.acceptance.tokens_per_step
@@ -541,6 +550,20 @@ class BackendModel:
             # Held for the whole interval: the fewer of the two ends.
             self.frontier = max(self.frontier, int(min(sample.running, last.running)))
             self.observed_at = now
+
+    def _learn_prompt(self, last: EngineSample, sample: EngineSample) -> None:
+        """One interval's mean prefill time against the mean prompt tokens computed, of the
+        requests counted in it (vLLM counts both of a request at once): within a load, the
+        slope is a prompt token's prefill time. (Where several prompts share a step each is
+        timed with the others' tokens, which reads the slope high in a wave: a move's price
+        then errs toward the cache.)"""
+        a, b = last.prefill, sample.prefill
+        if a is None or b is None:
+            return
+        took, tokens, count = b[0] - a[0], b[1] - a[1], b[2] - a[2]
+        if count < 1 or took < 0 or tokens < 0:  # none prefilled, or a restarted engine
+            return
+        self.prompt.learn((sample.running + last.running) / 2, tokens / count, took / count)
 
     def observe_request(self, at: float, tpot: tuple[float, float] | None,
                         ttft: tuple[float, float] | None, since: float | None = None
@@ -616,6 +639,7 @@ class BackendModel:
             spread=self.spread.deviation,
             bias=self.spread.bias,
             doubt=tuple(doubt),
+            prefill_s=self.prompt.per_token,
         )  # fmt: skip
 
 

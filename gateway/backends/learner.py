@@ -47,6 +47,8 @@ def engine_sample(
     spec = [x for x in s if x.spec_drafts is not None and x.spec_draft_tokens is not None
             and x.spec_accepted_tokens is not None]  # fmt: skip
     prompt = [x for x in s if x.prompt_tokens is not None]
+    prefill = [x for x in s if x.prefill_time_sum is not None and x.prefill_time_count is not None
+               and x.prefill_computed_sum is not None]  # fmt: skip
     return EngineSample(
         running=sum(x.running for x in s),
         waiting=sum(x.waiting for x in s),
@@ -60,6 +62,9 @@ def engine_sample(
         ) if spec else None,
         prefilled=sum((x.prompt_tokens or 0.0) - (x.prefix_hit_tokens or 0.0) for x in prompt)
         if prompt else None,
+        prefill=(sum(x.prefill_time_sum or 0.0 for x in prefill),
+                 sum(x.prefill_computed_sum or 0.0 for x in prefill),
+                 sum(x.prefill_time_count or 0.0 for x in prefill)) if prefill else None,
     )  # fmt: skip
 
 

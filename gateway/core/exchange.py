@@ -142,6 +142,9 @@ class ConnectionWriter(Protocol):
 # Where the server writes nothing past `send`: an answer's start goes out when sent.
 _NOT_HELD: AbstractContextManager[None] = contextlib.nullcontext()
 DEFAULT_SLO = Slo()
+# A prompt's tokens estimated from its body's bytes (the usual four per token of English text
+# and JSON; the body's own JSON counted too).
+_BYTES_PER_TOKEN = 4
 # What an exchange holds until routing has decided: no candidates, no policy.
 NO_DECISION = Decision(candidates=(), reason="", policy="", state=RouterState())
 
@@ -306,11 +309,19 @@ class Exchange:
         return (self.last_text_at - self.first_text_at) / (tokens - 1)
 
     def route_request(self) -> RouteRequest:
-        """The features routing may look at."""
+        """The features routing may look at (the prompt's size and the answer's limit only
+        where the request has a home: only a move off it reads them)."""
+        if self.home is None:
+            return RouteRequest(
+                self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity,
+                None, self.session,
+            )  # fmt: skip
+        limit = self.data.get("max_tokens") or self.data.get("max_completion_tokens")
         return RouteRequest(
             self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity,
-            self.home, self.session,
-        )
+            self.home, self.session, len(self.body) // _BYTES_PER_TOKEN,
+            limit if type(limit) is int and limit > 0 else 0,
+        )  # fmt: skip
 
     @property
     def response_headers(self) -> list[tuple[bytes, bytes]]:

@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.routing.learned import NOTHING, Learned, outlook
+from gateway.routing.learned import NOTHING, Learned, Outlook, outlook
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
 from gateway.routing.types import Backend, BackendLoad, Decision, LoadSnapshot, Reason, RouteRequest
@@ -207,14 +207,45 @@ class Affinity:
         # a pool instance while the latency engine had room cost the 25 ms cells of `bench
         # routing-sim --workload chat` up to 8% of the best fixed limit's count: docs/results/
         # routing-sim-give-way).
+        # (The choice's prefill time per token where it has learned one, else the home's: a
+        # pool engine the conversations have not used yet knows none.)
+        cost = _move_cost(req, other, at_chosen.prefill_s or at_home.prefill_s)
         if (
             self.give_way
             and other.p >= 0.5
             and not there.ahead  # (a guess there: the home's next stream is tried, as above)
             and other.gain > self.give_way * max(there.gain, nothing)
+            # ... where the decoding it saves the request outweighs the history's prefill
+            and (cost is None or (req.max_tokens - 1) * (there.tpot - other.tpot) > cost)
         ):
             return False
         # Past its knee, one more stream at home costs its other streams SLO-meeting output:
         # the request goes where it costs none (even where it adds none either: a pool that
-        # cannot meet a tight class, beside a latency engine the class has filled).
-        return not (past_knee and other.gain > -nothing)
+        # cannot meet a tight class, beside a latency engine the class has filled), where
+        # that loss, over the request's decoding at home, outweighs the output the history's
+        # prefill stalls at the choice.
+        return not (
+            past_knee
+            and other.gain > -nothing
+            and (
+                cost is None
+                or -there.gain * req.max_tokens * there.tpot > cost / max(other.tpot, _FLOOR)
+            )
+        )
+
+
+# A TPOT taken as no less than this where it divides (an engine that sends a whole answer at
+# once has a TPOT of 0).
+_FLOOR = 1e-4
+
+
+def _move_cost(req: RouteRequest, other: Outlook, prefill_s: float) -> float | None:
+    """Stream-seconds a move to `other` costs in prefill: the request's history prefilled
+    there (`prefill_s` a prompt token), stalling each of its streams and the request's own. None
+    where not known (the prompt's size or the answer's limit not given, or no prefill time
+    learned there): a move is then weighed by decoding alone. (Moves made on decoding alone
+    took 4-10 of the 64 later turns of `bench conversations`' 32 chats at once off their
+    caches for 24-token answers: docs/results/conversations-crowd-moves.)"""
+    if not (req.max_tokens and req.prompt_tokens and prefill_s > 0):
+        return None
+    return prefill_s * req.prompt_tokens * (other.load + 1)

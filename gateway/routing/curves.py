@@ -132,6 +132,8 @@ class Prediction:
     # Per concurrency 0..TABLE_MAX, the deviation of ln(curve) itself where the model is unsure
     # (past the frontier); () : none anywhere.
     doubt: tuple[float, ...] = field(default=(), repr=False)
+    # Seconds a prompt token adds to a request's prefill there (0: not learned).
+    prefill_s: float = 0.0
     # Per concurrency 0..TABLE_MAX, -(ln TPOT + bias) (inf where TPOT is 0) and 1 / (sqrt(2) x
     # the whole deviation of ln(a request's TPOT)): a stream meets an SLO s there with the
     # probability (1 + erf((ln s + offset) x z_scale)) / 2, the two read once per candidate.

@@ -193,7 +193,7 @@ _DEFAULT_SLO = Slo()
 
 class RouteRequest(NamedTuple):
     """The features of a request that routing may look at. (A named tuple: one is built per
-    request, and a frozen dataclass of these eight fields costs three times as much to build.)"""
+    request, and a frozen dataclass of such fields costs three times as much to build.)"""
 
     model: str
     pinned: Role | None = None
@@ -209,6 +209,11 @@ class RouteRequest(NamedTuple):
     # Whether the key names a session the client declared (`x-session-id`, `user`) rather than
     # a prompt's prefix: one seen for the first time still goes to its own backend of a tier.
     session: bool = False
+    # Where it has a home: its prompt's tokens (an estimate) and the most it may generate (0:
+    # not said): what a move off its prefix cache costs in prefill, against what decoding
+    # elsewhere saves (gateway.routing.affinity).
+    prompt_tokens: int = 0
+    max_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

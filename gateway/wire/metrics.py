@@ -66,6 +66,13 @@ class EngineStats:
     # the prompt tokens computed, whose prefill shares the engine's steps with the decodes.
     prompt_tokens: float | None = None
     prefix_hit_tokens: float | None = None
+    # Per request, observed together when it finishes (vLLM 0.11 on): the prefill-time
+    # histogram's sum and count (from its first scheduling to its first token) and the sum of
+    # the prompt tokens its prefill computed (`request_prefill_kv_computed_tokens`: its
+    # prefix-cache hits not counted): what a prompt token costs a prefill.
+    prefill_time_sum: float | None = None
+    prefill_time_count: float | None = None
+    prefill_computed_sum: float | None = None
 
     @property
     def spec_acceptance_rate(self) -> float | None:
@@ -96,7 +103,8 @@ _UNESCAPES: Mapping[str, str] = MappingProxyType({"n": "\n", "\\": "\\", '"': '"
 _SUMMED = frozenset({"running", "waiting", "success"})
 _FULLEST = frozenset({"kv", "kv_old"})
 _OPTIONAL = frozenset({"drafts", "draft_tokens", "accepted", "generation", "itl_sum", "itl_count",
-                       "itl_sum_old", "itl_count_old", "prompt", "prefix_hits"})  # fmt: skip
+                       "itl_sum_old", "itl_count_old", "prompt", "prefix_hits", "prefill_sum",
+                       "prefill_count", "prefill_computed"})  # fmt: skip
 SLOTS = _SUMMED | _FULLEST | _OPTIONAL
 
 
@@ -160,6 +168,9 @@ class _Acc:
         "itl_sum_old",
         "kv",
         "kv_old",
+        "prefill_computed",
+        "prefill_count",
+        "prefill_sum",
         "prefix_hits",
         "prompt",
         "running",
@@ -183,6 +194,9 @@ class _Acc:
         self.itl_count_old: float | None = None
         self.prompt: float | None = None
         self.prefix_hits: float | None = None
+        self.prefill_sum: float | None = None
+        self.prefill_count: float | None = None
+        self.prefill_computed: float | None = None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -199,6 +213,9 @@ class _Acc:
             itl_count=self.itl_count if self.itl_count is not None else self.itl_count_old,
             prompt_tokens=self.prompt,
             prefix_hit_tokens=self.prefix_hits,
+            prefill_time_sum=self.prefill_sum,
+            prefill_time_count=self.prefill_count,
+            prefill_computed_sum=self.prefill_computed,
         )
 
 
@@ -218,7 +235,8 @@ def collect(text: str, series: Mapping[str, str], model_label: str) -> dict[str,
     """Per-model stats (by the label `model_label`) from a metrics page: `series` maps each
     series read to the slot it feeds (one of SLOTS: `running`, `waiting`, `success`, `kv`,
     `kv_old`, `drafts`, `draft_tokens`, `accepted`, `generation`, `itl_sum`, `itl_count`,
-    `itl_sum_old`, `itl_count_old`, `prompt`, `prefix_hits`).
+    `itl_sum_old`, `itl_count_old`, `prompt`, `prefix_hits`, `prefill_sum`, `prefill_count`,
+    `prefill_computed`).
 
     Raises :class:`MetricsParseError` when a line is not valid exposition text.
     """

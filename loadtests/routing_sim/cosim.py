@@ -203,6 +203,12 @@ class SimEngine:
     # both counted once the step ends (as engines.sim.engine publishes them, and vLLM).
     prompt_tokens: int = 0
     prefix_hits: int = 0
+    # Per sequence prefilled: the prefill-time histogram's sum and count (from its first
+    # scheduling to its first token) and the prompt tokens it computed (vLLM's
+    # `request_prefill_time_seconds`, `request_prefill_kv_computed_tokens`).
+    prefill_sum: float = 0.0
+    prefill_count: int = 0
+    prefill_computed: int = 0
 
     def stats(self) -> dict[str, EngineStats]:
         """The engine's metrics page, parsed (what gateway.wire.metrics would return)."""
@@ -215,6 +221,8 @@ class SimEngine:
             success_total=self.finished, generation_tokens=self.generated,
             itl_sum=self.itl_sum, itl_count=self.itl_count,
             prompt_tokens=self.prompt_tokens, prefix_hit_tokens=self.prefix_hits,
+            prefill_time_sum=self.prefill_sum, prefill_time_count=self.prefill_count,
+            prefill_computed_sum=self.prefill_computed,
         )}  # fmt: skip
 
 
@@ -239,6 +247,10 @@ def commit_step(e: SimEngine, step: Any, now: float, requests: Mapping[Sequence,
         if last is not None:  # vLLM's inter-token latency: one sample per later emission
             e.itl_sum += now - last
             e.itl_count += 1
+        elif seq.first_scheduled is not None:  # its first token: its prefill done
+            e.prefill_sum += now - seq.first_scheduled
+            e.prefill_count += 1
+            e.prefill_computed += seq.prompt_tokens - seq.cached_tokens
         e.generated += em.tokens
         req = requests.get(seq)
         if req is None:
@@ -445,6 +457,8 @@ class _Sim:
         router, registry = self.router, self.registry
         self.homes.begin(ex)
         req, snap = ex.route_request(), registry.snapshot()
+        if req.home is not None:  # (the gateway estimates them from the body it relays)
+            req = req._replace(prompt_tokens=prompt, max_tokens=spec.output_tokens)
         t0 = time.perf_counter_ns()
         decision = router.policy(req, snap, router.state, router.rng)
         self.decision_ns.append(time.perf_counter_ns() - t0)

@@ -114,6 +114,7 @@ def vllm_page(
             ("vllm:request_prefill_time_seconds", REQ_BUCKETS),
             ("vllm:request_decode_time_seconds", REQ_BUCKETS),
             ("vllm:request_prompt_tokens", TOKEN_BUCKETS),
+            ("vllm:request_prefill_kv_computed_tokens", TOKEN_BUCKETS),
             ("vllm:request_generation_tokens", TOKEN_BUCKETS),
         ]
     ]
@@ -209,6 +210,9 @@ def reference_parse(text: str) -> dict[str, dict[str, float]]:
         "vllm:inter_token_latency_seconds_count": "itl_count",
         "vllm:prompt_tokens_total": "prompt_tokens",
         "vllm:prefix_cache_hits_total": "prefix_hit_tokens",
+        "vllm:request_prefill_time_seconds_sum": "prefill_time_sum",
+        "vllm:request_prefill_time_seconds_count": "prefill_time_count",
+        "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed_sum",
     }
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -253,6 +257,9 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 itl_count=5,
                 prompt_tokens=50_000,
                 prefix_hit_tokens=30_000,
+                prefill_time_sum=pytest.approx(10.934),
+                prefill_time_count=5,
+                prefill_computed_sum=pytest.approx(10.934),
             ),
             id="one-engine-eagle",
         ),
@@ -273,6 +280,9 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 itl_count=10,
                 prompt_tokens=100_000,  # summed over the engines
                 prefix_hit_tokens=1_000,
+                prefill_time_sum=pytest.approx(21.868),
+                prefill_time_count=10,
+                prefill_computed_sum=pytest.approx(21.868),
             ),
             id="two-engines-summed-kv-fullest",
         ),
@@ -283,7 +293,8 @@ def test_realistic_page_is_at_least_20_kb() -> None:
             EngineStats(
                 running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000,
                 itl_sum=pytest.approx(10.934), itl_count=5, prompt_tokens=50_000,
-                prefix_hit_tokens=30_000,
+                prefix_hit_tokens=30_000, prefill_time_sum=pytest.approx(10.934),
+                prefill_time_count=5, prefill_computed_sum=pytest.approx(10.934),
             ),
             id="old-kv-name-no-spec",
         ),

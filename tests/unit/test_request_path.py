@@ -145,6 +145,27 @@ async def test_intake_fills_the_exchange() -> None:
                                               affinity=ex.affinity)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("case", "limit", "home", "prompt_tokens", "max_tokens"),
+    [
+        ("a home: the body's size and the answer's limit", {"max_tokens": 24}, True, True, 24),
+        ("a chat's limit by its newer name", {"max_completion_tokens": 7}, True, True, 7),
+        ("no limit given", {}, True, True, 0),
+        ("a limit that is no count", {"max_tokens": "24"}, True, True, 0),
+        ("no home: neither read", {"max_tokens": 24}, False, False, 0),
+    ],
+)
+def test_a_request_with_a_home_tells_routing_what_a_move_would_prefill(
+    case: str, limit: dict[str, Any], home: bool, prompt_tokens: bool, max_tokens: int
+) -> None:
+    ex = exchange()
+    ex.data, ex.body = {"prompt": "word " * 100, **limit}, b"x" * 600
+    ex.affinity, ex.home = 1, ("http://home:1" if home else None)
+    req = ex.route_request()
+    assert (req.prompt_tokens, req.max_tokens) == ((150 if prompt_tokens else 0), max_tokens), case
+    assert req.home == ex.home
+
+
 async def test_prompts_that_never_repeat_stop_being_keyed_and_a_repeat_keys_them_again() -> None:
     """Past `affinity_quiet_after` new keys in a row (none served again), most requests carry
     no affinity key (no bookkeeping: gateway.pipeline.homes); a session always does, a chat's

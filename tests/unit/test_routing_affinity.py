@@ -155,6 +155,65 @@ def test_a_home_past_its_knee_gives_way_to_a_choice_that_costs_nothing(
     assert d.candidates[0] is (L0 if goes_home else T0), case
 
 
+# Seconds a prompt token adds to a prefill, as an engine's prefill times teach it.
+PER_TOKEN = 1e-4
+
+
+@pytest.mark.parametrize(
+    ("case", "prompt", "answer", "learned", "goes_home"),
+    [
+        # The latency backend idle, 10 ms against the home's 20.1: 23 tokens save 0.23 s,
+        # the history's prefill there costs 0.4.
+        ("a short answer: the prefill outweighs", 4000, 24, "both", True),
+        ("a long answer: decoding saves more", 4000, 256, "both", False),
+        ("a short history", 1000, 24, "both", False),
+        # The choice has no prefill time of its own: priced with the home's.
+        ("the choice's cost unknown: the home's", 4000, 24, "home", True),
+        # Unpriced: the move is weighed by decoding alone, as without the prefill.
+        ("no prefill time learned", 4000, 24, "none", False),
+        ("the answer's limit not given", 4000, 0, "both", False),
+        ("the prompt's size not known", 0, 24, "both", False),
+    ],
+)
+def test_a_give_way_is_priced_with_the_historys_prefill(
+    case: str, prompt: int, answer: int, learned: str, goes_home: bool
+) -> None:
+    """As the give-way above (a pool home beside an idle latency backend twice as fast), the
+    move now weighed against the history's prefill where it lands."""
+    aff = Affinity.of(PolicyParams(affinity_yield=2.0))
+    home_cost = PER_TOKEN if learned != "none" else 0.0
+    choice_cost = PER_TOKEN if learned == "both" else 0.0
+    pool = {b.url: replace(SLOW, prefill_s=home_cost) for b in POOL}
+    s = replace(learned_snapshot({}), curves={L0.url: replace(FAST, prefill_s=choice_cost), **pool})
+    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=T1.url, prompt_tokens=prompt,
+                       max_tokens=answer)  # fmt: skip
+    d = aff(req, decide((L0, T0, T1, T2, T3)), s)
+    assert d.candidates[0] is (T1 if goes_home else L0), case
+
+
+@pytest.mark.parametrize(
+    ("case", "prompt", "answer", "goes_home"),
+    [
+        # The home at 9 streams, a tenth past its knee: it loses 70 tokens/s over the
+        # request's 24 x 15.6 ms (26 tokens); the history's prefill stalls the idle pool
+        # backend's one stream (the request's own) 1 s: 50 tokens at its 20.1 ms.
+        ("a long history, a short answer: home", 10000, 24, True),
+        ("a short history: the choice", 1000, 24, False),
+        ("a long answer: the choice", 10000, 256, False),
+        ("unpriced: the choice", 10000, 0, False),
+    ],
+)
+def test_a_move_past_the_knee_is_priced_with_the_historys_prefill(
+    case: str, prompt: int, answer: int, goes_home: bool
+) -> None:
+    s = learned_snapshot({L0: 9})
+    s = replace(s, curves={k: replace(v, prefill_s=PER_TOKEN) for k, v in s.curves.items()})
+    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=L0.url, prompt_tokens=prompt,
+                       max_tokens=answer)  # fmt: skip
+    d = AFF(req, decide((T0, L0, T1, T2, T3)), s)
+    assert d.candidates[0] is (L0 if goes_home else T0), case
+
+
 @pytest.mark.parametrize(
     ("case", "req"),
     [

@@ -31,6 +31,9 @@ SERIES: Mapping[str, str] = MappingProxyType({
     "vllm:time_per_output_token_seconds_count": "itl_count_old",
     "vllm:prompt_tokens_total": "prompt",
     "vllm:prefix_cache_hits_total": "prefix_hits",  # in tokens (vLLM's V1 engine)
+    "vllm:request_prefill_time_seconds_sum": "prefill_sum",
+    "vllm:request_prefill_time_seconds_count": "prefill_count",
+    "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed",  # vLLM 0.11 on
 })  # fmt: skip
 
 
