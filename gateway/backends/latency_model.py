@@ -505,6 +505,7 @@ class BackendModel:
         self.frontier = 0
         self.observed_at: float | None = None
         self._last: EngineSample | None = None
+        self._last_at = 0.0  # when it was scraped
         # The TPOT table of the last prediction, and the frontier it was drawn to.
         self._table: list[float] | None = None
         self._drawn_to = 0
@@ -512,8 +513,9 @@ class BackendModel:
     def observe_engine(self, sample: EngineSample, now: float) -> None:
         """One scrape: acceptance first (it rescales the curve), then the step time it saw."""
         last, self._last = self._last, sample
+        span, self._last_at = now - self._last_at, now
         if last is not None:
-            self._learn_prompt(last, sample)
+            self._learn_prompt(last, sample, span)
         if sample.spec is not None:
             self.acceptance.observe(sample.spec, now)
             tps = self.acceptance.tokens_per_step
@@ -551,18 +553,21 @@ class BackendModel:
             self.frontier = max(self.frontier, int(min(sample.running, last.running)))
             self.observed_at = now
 
-    def _learn_prompt(self, last: EngineSample, sample: EngineSample) -> None:
-        """One interval's mean prefill time against the mean prompt tokens computed, of the
-        requests counted in it (vLLM counts both of a request at once): within a load, the
-        slope is a prompt token's prefill time. (Where several prompts share a step each is
-        timed with the others' tokens, which reads the slope high in a wave: a move's price
-        then errs toward the cache.)"""
+    def _learn_prompt(self, last: EngineSample, sample: EngineSample, span: float) -> None:
+        """One interval of `span` s: its mean prefill time against the mean prompt tokens
+        computed, of the requests counted in it (vLLM counts both of a request at once):
+        within a load, the slope is a prompt token's prefill time.
+
+        Not from an interval whose prefills overlapped (their times add up to more than the
+        interval): prompts that share the steps' prefill budget are each timed with the
+        others' tokens, and a wave of new conversations read so taught the routing study's
+        engines 20-75 times their cost per token (docs/results/conversations-prefill-priced)."""
         a, b = last.prefill, sample.prefill
         if a is None or b is None:
             return
         took, tokens, count = b[0] - a[0], b[1] - a[1], b[2] - a[2]
-        if count < 1 or took < 0 or tokens < 0:  # none prefilled, or a restarted engine
-            return
+        if count < 1 or took < 0 or tokens < 0 or took > span:
+            return  # none prefilled, a restarted engine, or prefills that overlapped
         self.prompt.learn((sample.running + last.running) / 2, tokens / count, took / count)
 
     def observe_request(self, at: float, tpot: tuple[float, float] | None,

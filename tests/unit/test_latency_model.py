@@ -574,34 +574,37 @@ def test_the_cost_per_prompt_token_is_learned_within_each_load_not_across_loads(
 
 
 @pytest.mark.parametrize(
-    ("case", "hits", "restart_at", "learned"),
+    ("case", "hits", "restart_at", "per_interval", "learned"),
     [
-        ("prompts of varied sizes", 0.0, None, PREFILL_S),
+        ("prompts of varied sizes", 0.0, None, 1, PREFILL_S),
         # Half of each prompt found in the prefix cache: only what was computed costs.
-        ("half of each prompt cached", 0.5, None, PREFILL_S),
+        ("half of each prompt cached", 0.5, None, 1, PREFILL_S),
         # The engine restarts mid-way: its counters fall, that interval is no evidence.
-        ("a restart", 0.0, 150, PREFILL_S),
-        ("every prompt alike", None, None, 0.0),
+        ("a restart", 0.0, 150, 1, PREFILL_S),
+        ("every prompt alike", None, None, 1, 0.0),
+        # Five prefills in each quarter second, each timed with the others: they shared steps.
+        ("prefills that overlapped", 0.0, None, 5, 0.0),
     ],
 )
 def test_a_prompt_tokens_prefill_time_is_learned_from_the_engines_prefill_times(
-    case: str, hits: float | None, restart_at: int | None, learned: float
+    case: str, hits: float | None, restart_at: int | None, per_interval: int, learned: float
 ) -> None:
     """vLLM's prefill-time histogram (one sample per request, from its first scheduling to
     its first token) against its prompt tokens computed (`request_prefill_kv_computed_tokens`):
     within a load, each prompt token computed adds PREFILL_S to its request's prefill, on top
-    of the step it shares."""
+    of the step it shares; prefills that took longer together than the interval, none."""
     rng, m = random.Random(3), model()
     computed = took = count = t = 0.0
     for i in range(300):
         if i == restart_at:
             computed = took = count = 0.0
         n = (8.0, 16.0, 24.0)[i // 20 % 3]
-        for _ in range(5):  # requests prefilled in the interval
+        for _ in range(per_interval):  # requests prefilled in the interval
             size = 600.0 if hits is None else rng.choice((50.0, 300.0, 1200.0))
             new = size - (0.0 if hits is None else size * hits)
             computed, count = computed + new, count + 1
-            took += decode_step(n) + PREFILL_S * new
+            # (Prefills that share the steps are each timed with the others' tokens too.)
+            took += (decode_step(n) + PREFILL_S * new) * per_interval
         t += 0.25
         m.observe_engine(EngineSample(running=n, prefill=(took, computed, count)), t)
     assert m.prompt.per_token == pytest.approx(learned, rel=0.02, abs=1e-9), case
