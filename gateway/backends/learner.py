@@ -233,6 +233,7 @@ class Learner:
             acceptance_rate=None if pred.acceptance is None else round(pred.acceptance, 4),
             prefill_ms_per_1k_tokens=round(self.models[url].prefill.per_token * 1e6, 3)
             if url in self.models else 0.0,
+            prompt_ms_per_1k_tokens=round(pred.prefill_s * 1e6, 3),
             slo_limit=slo_limit(pred, self.slo.tpot_s),
             observed_ago_s=None if pred.observed_at is None else round(now - pred.observed_at, 3),
         )  # fmt: skip

@@ -234,6 +234,10 @@ class ModelView(BaseModel):
                                             " beside the decodes add to a step, as learned from"
                                             " the engine's prompt and prefix-cache counters; the"
                                             " curve is the step without it (0: none learned).")
+    prompt_ms_per_1k_tokens: float = Field(description="What 1,000 prompt tokens computed add to"
+                                           " a request's prefill, as learned from the engine's"
+                                           " prefill times: what a conversation's move there off"
+                                           " its prefix cache costs (0: none learned).")
     slo_limit: int = Field(description="The most streams at which the predicted TPOT meets the"
                            " default SLO: for a latency backend, its effective limit.")  # fmt: skip
     observed_ago_s: float | None = Field(description="Seconds since the last observation.")

@@ -135,6 +135,41 @@ def test_an_engines_computed_prompt_tokens_are_its_prompts_less_their_cache_hits
     assert engine_sample({"c": EngineStats(running=1)}).prefilled is None
 
 
+def test_an_engines_prefills_are_summed_where_it_times_them_and_counts_their_tokens() -> None:
+    """vLLM 0.11 on: the prefill-time histogram with the tokens each prefill computed; a model
+    without either adds nothing, and an engine without them says nothing."""
+    stats = {
+        "a": EngineStats(running=2, prefill_time_sum=3.0, prefill_time_count=10,
+                         prefill_computed_sum=6000),
+        "b": EngineStats(running=1, prefill_time_sum=1.0, prefill_time_count=2,
+                         prefill_computed_sum=500),
+        "c": EngineStats(running=1, prefill_time_sum=1.0, prefill_time_count=2),  # older vLLM
+    }  # fmt: skip
+    assert engine_sample(stats).prefill == (4.0, 6500, 12)
+    assert engine_sample({"c": stats["c"]}).prefill is None
+
+
+def test_a_prompt_tokens_prefill_time_learned_is_shown_per_backend() -> None:
+    """Requests prefilled one at a time, their prompts of 200 to 2,000 computed tokens, each
+    1,000 of them 100 ms more; the step the curve needs comes from the inter-token counts."""
+    learner = _learner()
+    entry, t = learner.registry.entry(POOL[0]), 0.0
+    took = computed = count = itl = samples = 0.0
+    for i in range(40):
+        size = (200.0, 800.0, 2000.0)[i % 3]
+        took, computed, count = took + 0.02 + 0.0001 * size, computed + size, count + 1
+        samples, itl = samples + 100, itl + 100 * 0.02
+        stats = EngineStats(running=10, itl_sum=itl, itl_count=samples, prefill_time_sum=took,
+                            prefill_time_count=count, prefill_computed_sum=computed)  # fmt: skip
+        learner.scraped(entry, {MODEL: stats}, t)
+        t += 0.25
+    learner.refresh()
+    view = learner.view(POOL[0], t)
+    assert view is not None
+    assert view.prompt_ms_per_1k_tokens == pytest.approx(100, rel=0.01)
+    assert learner.registry.curves[POOL[0]].prefill_s == pytest.approx(0.0001, rel=0.01)
+
+
 def test_the_prefill_cost_learned_is_shown_per_backend() -> None:
     """Scrapes at one load whose prompts vary: each 1,000 prompt tokens a step add 100 ms."""
     learner = _learner()
