@@ -555,8 +555,9 @@ class BackendModel:
 
     def _learn_prompt(self, last: EngineSample, sample: EngineSample, span: float) -> None:
         """One interval of `span` s: its mean prefill time against the mean prompt tokens
-        computed, of the requests counted in it (vLLM counts both of a request at once):
-        within a load, the slope is a prompt token's prefill time.
+        computed, of the requests counted in it (an engine counts both of a request at once;
+        vLLM when it finishes, at the load then, which scatters the readings): within a load,
+        the slope is a prompt token's prefill time.
 
         Not from an interval whose prefills overlapped (their times add up to more than the
         interval): prompts that share the steps' prefill budget are each timed with the

@@ -66,10 +66,11 @@ class EngineStats:
     # the prompt tokens computed, whose prefill shares the engine's steps with the decodes.
     prompt_tokens: float | None = None
     prefix_hit_tokens: float | None = None
-    # Per request, observed together when it finishes (vLLM 0.11 on): the prefill-time
-    # histogram's sum and count (from its first scheduling to its first token) and the sum of
-    # the prompt tokens its prefill computed (`request_prefill_kv_computed_tokens`: its
-    # prefix-cache hits not counted): what a prompt token costs a prefill.
+    # Per request, observed together (by vLLM when the request finishes, by the simulator at
+    # its first token): the prefill-time histogram's sum and count (from its first scheduling
+    # to its first token) and the sum of the prompt tokens its prefill computed
+    # (`request_prefill_kv_computed_tokens`, in vLLM since December 2025, vllm-project/vllm
+    # #30189: its prefix-cache hits not counted): what a prompt token costs a prefill.
     prefill_time_sum: float | None = None
     prefill_time_count: float | None = None
     prefill_computed_sum: float | None = None

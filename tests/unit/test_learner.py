@@ -136,7 +136,7 @@ def test_an_engines_computed_prompt_tokens_are_its_prompts_less_their_cache_hits
 
 
 def test_an_engines_prefills_are_summed_where_it_times_them_and_counts_their_tokens() -> None:
-    """vLLM 0.11 on: the prefill-time histogram with the tokens each prefill computed; a model
+    """Recent vLLM: the prefill-time histogram with the tokens each prefill computed; a model
     without either adds nothing, and an engine without them says nothing."""
     stats = {
         "a": EngineStats(running=2, prefill_time_sum=3.0, prefill_time_count=10,

@@ -33,7 +33,7 @@ SERIES: Mapping[str, str] = MappingProxyType({
     "vllm:prefix_cache_hits_total": "prefix_hits",  # in tokens (vLLM's V1 engine)
     "vllm:request_prefill_time_seconds_sum": "prefill_sum",
     "vllm:request_prefill_time_seconds_count": "prefill_count",
-    "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed",  # vLLM 0.11 on
+    "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed",  # (vLLM #30189)
 })  # fmt: skip
 
 
