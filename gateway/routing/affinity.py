@@ -215,8 +215,16 @@ class Affinity:
             and other.p >= 0.5
             and not there.ahead  # (a guess there: the home's next stream is tried, as above)
             and other.gain > self.give_way * max(there.gain, nothing)
-            # ... where the decoding it saves the request outweighs the history's prefill
-            and (cost is None or (req.max_tokens - 1) * (there.tpot - other.tpot) > cost)
+            # ... where the decoding it saves the request outweighs the history's prefill, or
+            # where the home is past its knee: the move then relieves the home's other streams
+            # too, which the request's own decoding does not count (priced there as well, it
+            # cost the A100 chat cells' 25 ms bursts 4-5%: docs/results/
+            # conversations-prefill-priced)
+            and (
+                cost is None
+                or past_knee
+                or (req.max_tokens - 1) * (there.tpot - other.tpot) > cost
+            )
         ):
             return False
         # Past its knee, one more stream at home costs its other streams SLO-meeting output:

@@ -192,25 +192,30 @@ def test_a_give_way_is_priced_with_the_historys_prefill(
 
 
 @pytest.mark.parametrize(
-    ("case", "prompt", "answer", "goes_home"),
+    ("case", "prompt", "answer", "give_way", "goes_home"),
     [
         # The home at 9 streams, a tenth past its knee: it loses 70 tokens/s over the
         # request's 24 x 15.6 ms (26 tokens); the history's prefill stalls the idle pool
-        # backend's one stream (the request's own) 1 s: 50 tokens at its 20.1 ms.
-        ("a long history, a short answer: home", 10000, 24, True),
-        ("a short history: the choice", 1000, 24, False),
-        ("a long answer: the choice", 10000, 256, False),
-        ("unpriced: the choice", 10000, 0, False),
+        # backend's one stream (the request's own) 1 s: 50 tokens at its 20.1 ms. (The
+        # give-way off: the past-knee rule alone.)
+        ("a long history, a short answer: home", 10000, 24, 0.0, True),
+        ("a short history: the choice", 1000, 24, 0.0, False),
+        ("a long answer: the choice", 10000, 256, 0.0, False),
+        ("unpriced: the choice", 10000, 0, 0.0, False),
+        # The choice adds twice the home's output (its whole rate against a loss): the
+        # give-way moves it, unpriced where the home is past its knee.
+        ("the give-way, past the knee: unpriced", 10000, 24, 2.0, False),
     ],
 )
 def test_a_move_past_the_knee_is_priced_with_the_historys_prefill(
-    case: str, prompt: int, answer: int, goes_home: bool
+    case: str, prompt: int, answer: int, give_way: float, goes_home: bool
 ) -> None:
+    aff = Affinity.of(PolicyParams(affinity_yield=give_way))
     s = learned_snapshot({L0: 9})
     s = replace(s, curves={k: replace(v, prefill_s=PER_TOKEN) for k, v in s.curves.items()})
     req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=L0.url, prompt_tokens=prompt,
                        max_tokens=answer)  # fmt: skip
-    d = AFF(req, decide((T0, L0, T1, T2, T3)), s)
+    d = aff(req, decide((T0, L0, T1, T2, T3)), s)
     assert d.candidates[0] is (L0 if goes_home else T0), case
 
 
