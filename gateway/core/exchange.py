@@ -311,16 +311,14 @@ class Exchange:
     def route_request(self) -> RouteRequest:
         """The features routing may look at (the prompt's size and the answer's limit only
         where the request has a home: only a move off it reads them)."""
-        if self.home is None:
-            return RouteRequest(
-                self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity,
-                None, self.session,
-            )  # fmt: skip
-        limit = self.data.get("max_tokens") or self.data.get("max_completion_tokens")
+        home, size, limit = self.home, 0, 0
+        if home is not None:
+            size = len(self.body) // _BYTES_PER_TOKEN
+            said = self.data.get("max_tokens") or self.data.get("max_completion_tokens")
+            limit = said if type(said) is int and said > 0 else 0
         return RouteRequest(
-            self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity,
-            self.home, self.session, len(self.body) // _BYTES_PER_TOKEN,
-            limit if type(limit) is int and limit > 0 else 0,
+            self.model, self.pinned, self.stream, self.exclude, self.slo, self.affinity, home,
+            self.session, size, limit,
         )  # fmt: skip
 
     @property
