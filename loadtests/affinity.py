@@ -14,13 +14,20 @@ v3 throughput simulators with prefix caching on, and one router in front of them
 its defaults (prefix affinity on), tiergate with `policy.prefix_affinity: false`, vLLM's router
 and SGLang's model gateway with `--policy cache_aware`. The arms' order rotates each round.
 
+Each arm's load runs `warmup_s` before its measured `seconds`: a router that spreads the first
+conversations over the pool has each engine prefill the shared system prompt once, a miss that a
+router holding every conversation on one engine pays once in all. Those first misses are part of
+a cold start, not of what a router does on a deployment that has run for a while; both are
+reported: the hit rate over the measured window (the steady state) and from cold.
+
 Per arm: TTFT p50/p99 (first content chunk), the engines' prefix-cache hit rate (hits/queries
-from `vllm:prefix_cache_*_total` summed over the pool, the delta over the run) and, as a
-cross-check, usage's `cached_tokens / prompt_tokens`, requests and errors, the most requests any
-one simulator generated at once (`GET /sim/concurrency`), against the affinity bound; each the
-median of the rounds, with ratios against tiergate without affinity, and the goals: tiergate's
-defaults at least as good as the better peer on hit rate, TTFT p50 and p99, with no engine
-holding more than affinity's bound.
+from `vllm:prefix_cache_*_total` summed over the pool, the delta over the measured window, and
+from cold) and, as a cross-check, usage's `cached_tokens / prompt_tokens`, requests and errors
+(those started in the measured window), the most requests any one simulator generated at once
+(`GET /sim/concurrency`, warm-up included), against the affinity bound; each the median of the
+rounds, with ratios against tiergate without affinity, and the goals: tiergate's defaults at
+least as good as the better peer on hit rate (steady and from cold), TTFT p50 and p99, with no
+engine holding more than affinity's bound.
 """
 
 from __future__ import annotations
@@ -89,7 +96,8 @@ class Options(OutputPaths):
     sims: int = 4
     users: int = 16
     turns: int = 6
-    seconds: float = 20.0  # per arm per round
+    seconds: float = 20.0  # measured, per arm per round
+    warmup_s: float = 5.0  # of load before it, per arm per round
     rounds: int = 3
     speedup: float = 4.0
     system_words: int = 600
@@ -128,6 +136,7 @@ def question(user: int, conversation: int, turn: int, words: int) -> str:
 @dataclass(slots=True)
 class Record:
     turn: int
+    start_s: float  # when it was sent, from the start of the arm's load
     status: int  # HTTP status; 0: no answer
     ok: bool
     ttft_s: float = math.nan
@@ -136,14 +145,16 @@ class Record:
 
 
 async def chat(
-    session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], opts: Options
-) -> tuple[Record, str | None]:
-    """One streamed turn: its record and the assistant's reply (None when it failed)."""
+    session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], opts: Options,
+    start_s: float,
+) -> tuple[Record, str | None]:  # fmt: skip
+    """One streamed turn, sent `start_s` into the load: its record and the assistant's reply
+    (None when it failed)."""
     body = {"model": MODEL, "messages": messages, "max_tokens": opts.reply_tokens,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     turn = sum(m["role"] == "user" for m in messages) - 1
     t0 = time.perf_counter()
-    rec = Record(turn, 0, False)
+    rec = Record(turn, start_s, 0, False)
     parts: list[str] = []
     usage: dict[str, Any] | None = None
     try:
@@ -174,10 +185,12 @@ async def chat(
 
 
 async def user_loop(
-    session: aiohttp.ClientSession, url: str, opts: Options, user: int, deadline: float,
+    session: aiohttp.ClientSession, url: str, opts: Options, user: int, span: tuple[float, float],
     records: list[Record],
 ) -> None:  # fmt: skip
-    """Conversations one after another until the deadline; a failed turn ends its conversation."""
+    """Conversations one after another until the deadline (`span`: the load's start and end,
+    monotonic); a failed turn ends its conversation."""
+    began, deadline = span
     system = system_prompt(opts.system_words)
     await asyncio.sleep(random.Random(user).uniform(0, opts.think_s * 2))  # no lockstep
     conversation = 0
@@ -189,7 +202,8 @@ async def user_loop(
             messages.append(
                 {"role": "user", "content": question(user, conversation, turn, opts.user_words)}
             )
-            rec, reply = await chat(session, url, messages, opts)
+            sent = time.monotonic() - began
+            rec, reply = await chat(session, url, messages, opts, sent)
             records.append(rec)
             if reply is None:
                 break
@@ -198,20 +212,32 @@ async def user_loop(
         conversation += 1
 
 
-async def drive(url: str, opts: Options, progress: Progress, task: Any) -> list[Record]:
+async def drive(
+    url: str, sims: Sequence[str], opts: Options, progress: Progress, task: Any
+) -> tuple[list[Record], tuple[float, float]]:
+    """The users' load for the warm-up and the measured seconds: every request's record, and
+    the engines' cache counters (queries, hits) as the warm-up ended."""
     records: list[Record] = []
-    deadline = time.monotonic() + opts.seconds
+    began = time.monotonic()
+    mark, deadline = began + opts.warmup_s, began + opts.warmup_s + opts.seconds
+    total = opts.warmup_s + opts.seconds
     timeout = aiohttp.ClientTimeout(total=120)
     connector = aiohttp.TCPConnector(limit=opts.users)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        users = [asyncio.create_task(user_loop(session, url, opts, u, deadline, records))
+        warm = None if opts.warmup_s > 0 else await _counters(session, sims)
+        users = [asyncio.create_task(user_loop(session, url, opts, u, (began, deadline), records))
                  for u in range(opts.users)]  # fmt: skip
         try:
             while not all(u.done() for u in users):
-                left = max(0.0, deadline - time.monotonic())
-                progress.update(task, completed=opts.seconds - left,
-                                description=f"  {len(records)} requests")  # fmt: skip
-                await asyncio.wait(users, timeout=0.25)
+                now = time.monotonic()
+                if warm is None and now >= mark:
+                    warm = await _counters(session, sims)
+                    continue
+                stage = "warm-up" if warm is None else "measured"
+                progress.update(task, completed=min(total, now - began),
+                                description=f"  {stage}: {len(records)} requests")  # fmt: skip
+                await asyncio.wait(users, timeout=max(0.01, min(0.25, mark - now))
+                                   if warm is None else 0.25)  # fmt: skip
         finally:
             for u in users:
                 u.cancel()
@@ -219,7 +245,18 @@ async def drive(url: str, opts: Options, progress: Progress, task: Any) -> list[
     for u in users:  # a bug in the loop, not a failed request: say so
         if not u.cancelled() and u.exception() is not None:
             raise RuntimeError("a user loop failed") from u.exception()
-    return records
+    if warm is None:
+        raise RuntimeError("the load ended before its warm-up did")
+    return records, warm
+
+
+async def _counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> tuple[float, float]:
+    """`cache_counters` on the load's own event loop (a blocking read would stall its users)."""
+    texts = []
+    for url in urls:
+        async with session.get(url + "/metrics") as resp:
+            texts.append(await resp.text())
+    return counted(texts)
 
 
 # --- the deployment ---------------------------------------------------------------------------
@@ -233,9 +270,14 @@ def _get(url: str) -> str:
 
 def cache_counters(urls: Sequence[str]) -> tuple[float, float]:
     """(queries, hits) of the engines' prefix caches, in tokens, summed over `urls`."""
+    return counted([_get(url + "/metrics") for url in urls])
+
+
+def counted(texts: Sequence[str]) -> tuple[float, float]:
+    """(queries, hits) of prefix caches, in tokens, summed over the engines' metrics `texts`."""
     queries = hits = 0.0
-    for url in urls:
-        for line in _get(url + "/metrics").splitlines():
+    for text in texts:
+        for line in text.splitlines():
             if line.startswith("vllm:prefix_cache_queries_total"):
                 queries += float(line.rsplit(" ", 1)[1])
             elif line.startswith("vllm:prefix_cache_hits_total"):
@@ -295,8 +337,9 @@ def measure(
     url: str, sims: Sequence[str], opts: Options, progress: Progress, task: Any
 ) -> dict[str, Any]:
     q0, h0 = cache_counters(sims)
-    records = asyncio.run(drive(url, opts, progress, task))
+    everything, (qw, hw) = asyncio.run(drive(url, sims, opts, progress, task))
     q1, h1 = cache_counters(sims)
+    records = [r for r in everything if r.start_s >= opts.warmup_s]
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok]
     prompt = sum(r.prompt_tokens for r in ok)
@@ -306,9 +349,11 @@ def measure(
         "requests": len(records), "errors": len(records) - len(ok), "samples": len(ttfts),
         "ttft_p50_ms": percentile(ttfts, 50), "ttft_p99_ms": percentile(ttfts, 99),
         "ttft_p50_later_ms": percentile(later, 50),
-        "hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else math.nan,
+        "hit_rate": (h1 - hw) / (q1 - qw) if q1 > qw else math.nan,
+        "hit_rate_cold": (h1 - h0) / (q1 - q0) if q1 > q0 else math.nan,
         "usage_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else math.nan,
-        "queries_tokens": q1 - q0, "prompt_tokens": prompt,
+        "queries_tokens": q1 - qw, "prompt_tokens": prompt,
+        "warmup_requests": len(everything) - len(records),
         "peak": max(per_sim), "peaks": per_sim,
         "conversations_done": sum(1 for r in ok if r.turn == opts.turns - 1),
     }  # fmt: skip
@@ -319,10 +364,11 @@ FIGURES = (
     ("ttft_p99_ms", "TTFT p99 (ms)"),
     ("ttft_p50_later_ms", "TTFT p50, turns 2+ (ms)"),
     ("hit_rate", "hit rate (engines)"),
+    ("hit_rate_cold", "hit rate from cold (engines)"),
     ("usage_rate", "cached/prompt (usage)"),
     ("peak", "max concurrency, one engine"),
 )
-COUNTS = ("requests", "errors", "samples", "conversations_done")
+COUNTS = ("requests", "errors", "samples", "conversations_done", "warmup_requests")
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -355,10 +401,11 @@ def verdicts(arms: dict[str, dict[str, Any]], bound: float) -> list[dict[str, st
         ]  # fmt: skip
     peers = {k: f for k, f in arms.items() if k in PEER_ARMS}
     if peers:
-        best = max(peers, key=lambda k: peers[k]["hit_rate"])
-        out.append({"goal": "hit rate at least the better peer's",
-                    "measured": f"{a['hit_rate']:.1%} vs {peers[best]['hit_rate']:.1%} ({best})",
-                    "result": _word(a["hit_rate"] >= peers[best]["hit_rate"])})  # fmt: skip
+        for key, label in (("hit_rate", "hit rate"), ("hit_rate_cold", "hit rate from cold")):
+            best = max(peers, key=lambda k: peers[k][key])
+            out.append({"goal": f"{label} at least the better peer's",
+                        "measured": f"{a[key]:.2%} vs {peers[best][key]:.2%} ({best})",
+                        "result": _word(a[key] >= peers[best][key])})  # fmt: skip
         for key, label in (("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99")):
             best = min(peers, key=lambda k: peers[k][key])
             out.append({"goal": f"{label} at most the better peer's",
@@ -428,7 +475,7 @@ def run(opts: Options, console: Console | None = None) -> dict[str, Any]:
             for arm in rotation(arms, r):
                 tag = f"{arm.replace(':', '-')}-r{r}"
                 progress.update(overall, description=f"round {r + 1}/{opts.rounds}: {arm}")
-                task = progress.add_task("  starting", total=opts.seconds)
+                task = progress.add_task("  starting", total=opts.warmup_s + opts.seconds)
                 try:
                     with deployment(arm, opts, Path(tmp), installed, tag) as (url, sims):
                         runs[arm].append(measure(url, sims, opts, progress, task))
@@ -467,8 +514,8 @@ def build_report(opts: Options, command: str, notes: list[str], versions: dict[s
 def _fmt(key: str, v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    if key.endswith("rate"):
-        return f"{v:.1%}"
+    if "rate" in key:
+        return f"{v:.2%}"
     if key == "peak":
         return f"{v:g}"
     return f"{v:.1f}"
@@ -488,7 +535,7 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     out = [("Goals", ["goal", "measured", "verdict"], goals)] if goals else []
     out.append((f"Per arm (median of {rounds} rounds; counts summed)", head, rows))
     if BASE in arms:
-        keys = ("ttft_p50_ms", "ttft_p99_ms", "hit_rate", "peak")
+        keys = ("ttft_p50_ms", "ttft_p99_ms", "hit_rate", "hit_rate_cold", "peak")
         ratio_head = ["arm", *(dict(FIGURES)[k] for k in keys)]
         ratio_rows = [[a, *(_x(f[k], arms[BASE][k]) for k in keys)]
                       for a, f in arms.items() if a != BASE]  # fmt: skip
@@ -523,8 +570,8 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         f"conversations of {s['turns']} streamed turns on `/v1/chat/completions`; a "
         f"{s['system_words']}-word system prompt shared by every conversation, "
         f"{s['user_words']}-word user messages (the first names its conversation), replies of up "
-        f"to {s['reply_tokens']} tokens; each turn resends the whole history. {s['seconds']:g} s "
-        "per arm per round.",
+        f"to {s['reply_tokens']} tokens; each turn resends the whole history. Per arm per round "
+        f"{s.get('warmup_s', 0):g} s of warm-up, then {s['seconds']:g} s measured.",
         f"- Deployment, fresh for every arm of every round: {s['sims']} `{s['profile']}` "
         f"simulators (`--speedup {s['speedup']:g} --prefix-caching`: 16-token blocks, chained "
         f"hashes, LRU) behind one router (tiergate's policy: `{s['policy']}`, the pool one "
@@ -532,10 +579,14 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         *(f"  - `{a}`: {DESCRIPTIONS.get(a, a)}" for a in report["arms"]),
         f"- Rounds: {s['rounds']}, the arms' order rotating. Hit rate: "
         "`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`, summed over the pool, "
-        "delta over the run; cached/prompt: the sum of usage's "
-        "`prompt_tokens_details.cached_tokens` over the sum of `prompt_tokens`. TTFT: to the first "
+        "delta over the measured window (the steady state); from cold: over warm-up and window "
+        "(each engine's first prefill of the shared system prompt counted: a router that spreads "
+        "the first conversations over the pool pays it once per engine, one that holds them all on "
+        "one engine once); cached/prompt: the sum of usage's "
+        "`prompt_tokens_details.cached_tokens` over the sum of `prompt_tokens`. TTFT, requests, "
+        "errors: the requests sent in the measured window; TTFT to the first "
         "content chunk. Max concurrency: the most requests one simulator generated at once "
-        f"(`/sim/concurrency`); affinity's bound with every user in flight is "
+        f"(`/sim/concurrency`, warm-up included); affinity's bound with every user in flight is "
         f"(1 + affinity_balance) x mean + affinity_slack = {s['affinity_bound']:g}.",
     ]
     chart = None if chart_file is None else (chart_file, "TTFT, hit rate and concurrency per arm")
@@ -567,6 +618,8 @@ def chart(saved: JsonReport, path: Path) -> None:
     ax.bar(xs, [val(a, "hit_rate") for a in names], 0.5, color=colors)
     ax.plot(xs, [val(a, "usage_rate") for a in names], "k_", markersize=20,
             label="cached/prompt (usage)")  # fmt: skip
+    ax.plot(xs, [val(a, "hit_rate_cold") for a in names], "rx", markersize=8,
+            label="from cold")  # fmt: skip
     ax.set_ylim(0, 1)
     ax.set_title("prefix-cache hit rate (engines)")
     ax.legend(fontsize=8, loc="lower right")
@@ -602,7 +655,17 @@ def command(
     sims: Annotated[int, typer.Option(min=2, help="Throughput simulators (v3) in the pool.")] = 4,
     users: Annotated[int, typer.Option(min=1, help="Concurrent users (closed loops).")] = 16,
     turns: Annotated[int, typer.Option(min=2, help="Turns per conversation.")] = 6,
-    seconds: Annotated[float, typer.Option(min=1, help="Seconds of load per arm per round.")] = 20,
+    seconds: Annotated[
+        float, typer.Option(min=1, help="Seconds of load measured per arm per round.")
+    ] = 20,
+    warmup: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds of load before them, not measured (each engine's first prefill of the"
+            " shared system prompt); the hit rate from cold is reported too.",
+        ),
+    ] = 5,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
     speedup: Annotated[float, typer.Option(help="Run the engines N times faster.")] = 4.0,
     system_words: Annotated[
@@ -636,7 +699,8 @@ def command(
 ) -> None:
     """Prefix-cache affinity on multi-turn chat: USERS closed-loop users hold conversations of
     TURNS streamed turns, each opening with one long system prompt shared by all and resending
-    the whole history (so every turn's prompt extends the last). Per arm, fresh simulators with
+    the whole history (so every turn's prompt extends the last). Per arm, after WARMUP seconds of
+    load, SECONDS measured; fresh simulators with
     prefix caching on (SIMS x v3) behind one router: tiergate with its defaults (prefix affinity
     on) and with policy.prefix_affinity false, vLLM's router and SGLang's model gateway with
     --policy cache_aware
@@ -655,7 +719,8 @@ def command(
         raise typer.BadParameter(f"{policy}: choose from {', '.join(POLICY_NAMES)}")
     setup_logging("warning")
     opts = Options(
-        sims=sims, users=users, turns=turns, seconds=seconds, rounds=rounds, speedup=speedup,
+        sims=sims, users=users, turns=turns, seconds=seconds, warmup_s=warmup, rounds=rounds,
+        speedup=speedup,
         system_words=system_words, user_words=user_words, reply_tokens=reply_tokens,
         think_s=think, policy=policy, arms=tuple(arm or ARMS), venv=peers_venv, install=install,
         out=out,

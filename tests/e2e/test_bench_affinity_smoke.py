@@ -21,7 +21,7 @@ def test_affinity_raises_the_prefix_cache_hit_rate(tmp_path: Path) -> None:
     # of four (least-loaded, ties broken at random), which holds an older part of it or none;
     # with it, every later turn finds its history where the last turn left it.
     opts = Options(
-        sims=4, users=8, turns=10, seconds=2, rounds=1, speedup=10, system_words=16,
+        sims=4, users=8, turns=10, seconds=2, warmup_s=1, rounds=1, speedup=10, system_words=16,
         user_words=4, reply_tokens=8, think_s=0.05, arms=(BASE, AFFINITY),
         out=tmp_path / "affinity.json", chart=False, command="tiergate bench affinity (test)",
     )  # fmt: skip
@@ -34,6 +34,9 @@ def test_affinity_raises_the_prefix_cache_hit_rate(tmp_path: Path) -> None:
         assert figs["ttft_p50_ms"] <= figs["ttft_p99_ms"]
         # the engines' counters and the usage the client saw agree
         assert figs["hit_rate"] == pytest.approx(figs["usage_rate"], abs=0.02)
+        # the warm-up ran and was left out of the measured window, not of the figure from cold
+        assert figs["warmup_requests"] > 0
+        assert 0 < figs["hit_rate_cold"] <= 1
     with_, without = arms[AFFINITY]["hit_rate"], arms[BASE]["hit_rate"]
     assert with_ > without + 0.1, (with_, without)
     assert 1 <= arms[AFFINITY]["peak"] <= opts.users
