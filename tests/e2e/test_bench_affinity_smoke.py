@@ -37,6 +37,8 @@ def test_affinity_raises_the_prefix_cache_hit_rate(tmp_path: Path) -> None:
         # the warm-up ran and was left out of the measured window, not of the figure from cold
         assert figs["warmup_requests"] > 0
         assert 0 < figs["hit_rate_cold"] <= 1
+        assert 0 < figs["hit_rate_mix"] <= 1
+        assert len(figs["by_turn"]) == opts.turns
     with_, without = arms[AFFINITY]["hit_rate"], arms[BASE]["hit_rate"]
     assert with_ > without + 0.1, (with_, without)
     assert 1 <= arms[AFFINITY]["peak"] <= opts.users
