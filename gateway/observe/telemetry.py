@@ -132,6 +132,15 @@ class Telemetry:
             ("policy", "reason", "tier"),
             registry=r,
         )
+        self.affinity = Counter(
+            "tiergate_affinity_decisions",
+            "Requests with a home (a conversation's earlier turn, a repeated prefix) or a declared"
+            " session, by what prefix affinity did: home or session (served first at its home,"
+            " or its own backend), else the check that sent it elsewhere (gone, policy,"
+            " saturated, queue, full, miss, unknown, give_way, past_knee).",
+            ("outcome",),
+            registry=r,
+        )
         self.retries = Counter(
             "tiergate_retries",
             "Retries: attempts started on the next candidate after an attempt failed before its"
@@ -506,10 +515,13 @@ class Telemetry:
                 self.child(self.tenant_tokens, ex.tenant.name).inc(ex.usage_tokens)
         if log.isEnabledFor(logging.INFO):
             d = ex.decision
-            log.info("request", extra={"fields": {
+            fields = {
                 "request_id": ex.id, "model": model, "policy": d.policy, "reason": d.reason,
                 "tier": tier, "backend": b.url if b else None, "status": ex.status,
-                "attempts": ex.attempts, "ms": round(elapsed * 1000, 2)}})  # fmt: skip
+                "attempts": ex.attempts, "ms": round(elapsed * 1000, 2)}  # fmt: skip
+            if d.affinity:  # what prefix affinity did, where it was asked
+                fields["affinity"] = d.affinity
+            log.info("request", extra={"fields": fields})
 
     def declare_variants(self, variants: Iterable[tuple[str, str]]) -> None:
         """Gray releases' request series at 0 for every (release, variant), mode and outcome:

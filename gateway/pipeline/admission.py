@@ -73,6 +73,8 @@ class Admission:
         t = self.telemetry
         t.child(t.decisions, decision.policy, decision.reason,
                 decision.candidates[0].role.value).inc()  # fmt: skip
+        if decision.affinity:
+            t.child(t.affinity, decision.affinity).inc()
         return decision
 
     def _awaits(self, ex: Exchange, decision: Decision) -> bool:

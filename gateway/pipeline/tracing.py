@@ -130,6 +130,8 @@ class RequestTrace:
                 "tiergate.route.reason": decision.reason,
                 "tiergate.route.candidates": [b.url for b in decision.candidates],
             })  # fmt: skip
+            if decision.affinity:
+                span.set_attribute("tiergate.route.affinity", decision.affinity)
             if (chosen := decision.primary) is not None:
                 span.set_attribute("tiergate.route.tier", chosen.tier)
                 self._predicted(span, chosen)

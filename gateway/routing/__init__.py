@@ -34,6 +34,7 @@ from gateway.routing.types import (  # noqa: E402
     RouteRequest,
     RouterState,
     Slo,
+    Stay,
 )
 
 __all__ = [
@@ -53,5 +54,6 @@ __all__ = [
     "RouteRequest",
     "RouterState",
     "Slo",
+    "Stay",
     "build_policy",
 ]

@@ -38,7 +38,15 @@ from dataclasses import dataclass, field
 from gateway.routing.learned import NOTHING, Learned, Outlook, outlook
 from gateway.routing.params import PolicyParams
 from gateway.routing.saturation import Saturation
-from gateway.routing.types import Backend, BackendLoad, Decision, LoadSnapshot, Reason, RouteRequest
+from gateway.routing.types import (
+    Backend,
+    BackendLoad,
+    Decision,
+    LoadSnapshot,
+    Reason,
+    RouteRequest,
+    Stay,
+)
 
 __all__ = ["Affinity", "affinity_key", "rank"]
 
@@ -105,48 +113,57 @@ class Affinity:
 
     def __call__(self, req: RouteRequest, decision: Decision, snap: LoadSnapshot) -> Decision:
         """`decision` with its first candidate moved to the request's home, or to a declared
-        session's own backend of the policy's tier, when that backend may take it; unchanged
-        otherwise."""
+        session's own backend of the policy's tier, when that backend may take it; otherwise
+        the policy's order. Either way it says what affinity did (`Decision.affinity`, a Stay)
+        where the request has a home or a declared session."""
         ordered = decision.candidates
         if req.affinity is None or not ordered:
             return decision
         if req.home is not None:
             home = next((b for b in ordered if b.url == req.home), None)
-            if home is None or home is ordered[0] or decision.reason in _KEEP_HOME:
-                return decision
+            if home is None:
+                return decision._replace(affinity=Stay.GONE)
+            if home is ordered[0]:
+                return decision._replace(affinity=Stay.HOME)
+            if decision.reason in _KEEP_HOME:
+                return decision._replace(affinity=Stay.POLICY)
             here = snap.load(home.url)
             if self._saturated(home, here, decision, snap):
-                return decision
+                return decision._replace(affinity=Stay.SATURATED)
             if here.waiting and not here.stale and not snap.load(ordered[0].url).effective:
                 # Requests queue at the home (the engine's batch is full) while the policy's
                 # choice holds none: a prefill there costs less than a wait for a slot here,
                 # whether or not the latency model knows either.
-                return decision
-            if not self._priced(req, home, ordered[0], snap):
-                return decision
-            return decision._replace(candidates=(home, *(b for b in ordered if b is not home)))
-        if not req.session or decision.reason in _KEEP:
+                return decision._replace(affinity=Stay.QUEUE)
+            away = self._sent_away(req, home, ordered[0], snap)
+            if away is not None:
+                return decision._replace(affinity=away)
+            rest = tuple(b for b in ordered if b is not home)
+            return decision._replace(candidates=(home, *rest), affinity=Stay.HOME)
+        if not req.session:
             return decision
+        if decision.reason in _KEEP:
+            return decision._replace(affinity=Stay.POLICY)
         tier = ordered[0].tier
         pool = [b for b in ordered if b.tier == tier]
         if len(pool) < 2:
-            return decision
+            return decision._replace(affinity=Stay.SESSION)
         load, full = snap.load, self.saturation.backend
         bound = self.bound([load(b.url).effective for b in pool])
         for b in rank(req.affinity, pool, self.urls):
             own = load(b.url)
             if own.effective + 1 <= bound and not full(b, own):
                 if b is ordered[0]:
-                    return decision
+                    return decision._replace(affinity=Stay.SESSION)
                 rest = tuple(x for x in ordered if x is not b)
-                return decision._replace(candidates=(b, *rest))
-        return decision
+                return decision._replace(candidates=(b, *rest), affinity=Stay.SESSION)
+        return decision._replace(affinity=Stay.SATURATED)
 
     def _saturated(
         self, home: Backend, here: BackendLoad, decision: Decision, snap: LoadSnapshot
     ) -> bool:
         """Whether the home has no room by the policy's own measure: the learned policy's is
-        its model's (a home it knows is full where the model says so: `_priced`), not the fixed
+        its model's (a home it knows is full where the model says so: `_sent_away`), not the fixed
         policies' latency cap, which it does not keep either (a cap of 24 moved conversations
         off a latency backend that the policy itself had just given 29 streams, all within the
         SLO); the fixed limits otherwise."""
@@ -156,17 +173,18 @@ class Affinity:
                 return False
         return self.saturation.backend(home, here)
 
-    def _priced(
+    def _sent_away(
         self, req: RouteRequest, home: Backend, chosen: Backend, snap: LoadSnapshot
-    ) -> bool:
-        """Whether the latency model lets the request go home rather than to the policy's
-        choice: the home is not full, and not predicted to miss the request's SLO (or to lose
-        SLO-meeting output, past its knee) where the choice would meet it (or lose none), or
-        where nothing is known of the choice yet, at all, unless the home is past the streams it
-        has shown (the prediction there a guess, as the choice's is); nor to add less than a
-        `give_way`-th of the choice's SLO-meeting output where both are known. True where the
-        model knows nothing of the home: the cache hit is all that is known then (saturation
-        still moves it).
+    ) -> Stay | None:
+        """Why the latency model sends the request to the policy's choice rather than home, or
+        None where it lets it go home: the home full (FULL); predicted to miss the request's
+        SLO where the choice would meet it (MISS); nothing known of the choice yet while the
+        home misses the SLO or is past its knee (UNKNOWN: a guess there stands against a guess
+        here only where the home is past the streams it has shown); the choice adding
+        `give_way` times the home's SLO-meeting output, beyond the history's prefill there
+        (GIVE_WAY); the home past its knee losing more output with the request than the prefill
+        stalls at the choice (PAST_KNEE). None where the model knows nothing of the home: the
+        cache hit is all that is known then (saturation still moves it).
 
         Only a knee within the streams the home has shown counts: past its frontier the model
         guesses one (a ridge that may lie anywhere out there; gateway.backends.latency_model),
@@ -181,10 +199,10 @@ class Affinity:
         curves, load, limits, slo = snap.curves, snap.load, self.learned.limits, req.slo
         at_home = curves.get(home.url)
         if at_home is None or not at_home.frontier:
-            return True
+            return None
         there = outlook(home, load(home.url), at_home, slo, limits)
         if there.full:
-            return False
+            return Stay.FULL
         # A gain the policy counts as none (gateway.routing.learned): the cache hit decides
         # near the knee.
         nothing = NOTHING / slo.tpot_s
@@ -197,10 +215,10 @@ class Affinity:
             # only the home holds the cache. (A burst of conversations on a fresh gateway
             # otherwise left their homes on the prior's guess alone, before a scrape had shown
             # the streams they had just been served at.)
-            return (there.p >= 0.5 or there.ahead) and not past_knee
+            return None if (there.p >= 0.5 or there.ahead) and not past_knee else Stay.UNKNOWN
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
-            return False
+            return Stay.MISS
         # The cache saves the history's prefill; a choice adding `give_way` times the home's
         # SLO-meeting output (an idle engine decoding that much faster: there a stream's gain
         # is its own rate) saves more, for all but the shortest answers (conversations kept on
@@ -226,20 +244,22 @@ class Affinity:
                 or (req.max_tokens - 1) * (there.tpot - other.tpot) > cost
             )
         ):
-            return False
+            return Stay.GIVE_WAY
         # Past its knee, one more stream at home costs its other streams SLO-meeting output:
         # the request goes where it costs none (even where it adds none either: a pool that
         # cannot meet a tight class, beside a latency engine the class has filled), where
         # that loss, over the request's decoding at home, outweighs the output the history's
         # prefill stalls at the choice.
-        return not (
+        if (
             past_knee
             and other.gain > -nothing
             and (
                 cost is None
                 or -there.gain * req.max_tokens * there.tpot > cost / max(other.tpot, _FLOOR)
             )
-        )
+        ):
+            return Stay.PAST_KNEE
+        return None
 
 
 # A TPOT taken as no less than this where it divides (an engine that sends a whole answer at

@@ -25,6 +25,7 @@ __all__ = [
     "RouteRequest",
     "RouterState",
     "Slo",
+    "Stay",
     "by_tier",
 ]
 
@@ -60,6 +61,24 @@ class Reason(StrEnum):
     RESERVED = "reserved"  # learned: the faster place kept for a tighter class; this one meets it
     POLICY_ERROR = "policy_error"  # the policy failed (a bug): least-loaded ordered it instead
     DISPLACED = "displaced"  # saturated, but a batch request waiting there gave it its place
+
+
+class Stay(StrEnum):
+    """What prefix affinity did with a request that has a home or a declared session (a metric
+    label and a field of the request's log line): where a conversation left its prefix cache,
+    the check that sent it away (gateway.routing.affinity)."""
+
+    HOME = "home"  # served first at its home (the policy's choice, or moved there)
+    SESSION = "session"  # a declared session, first seen: its own backend of the policy's tier
+    GONE = "gone"  # the home is not among the candidates (unhealthy, excluded, removed)
+    POLICY = "policy"  # the policy's choice stands for a reason of its own (saturated, reserved)
+    SATURATED = "saturated"  # the home has no room by the policy's own measure
+    QUEUE = "queue"  # requests queue at the home while the policy's choice holds none
+    FULL = "full"  # the latency model reads the home full
+    MISS = "miss"  # the home predicted to miss the SLO where the choice would meet it
+    UNKNOWN = "unknown"  # nothing known of the choice, the home past its knee or missing its SLO
+    GIVE_WAY = "give_way"  # the choice adds more output than the home, beyond the move's prefill
+    PAST_KNEE = "past_knee"  # the home past its knee loses more output than the move's prefill
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +254,8 @@ class Decision(NamedTuple):
     reason: str
     policy: str
     state: RouterState  # the state for the next decision
+    # What prefix affinity did (a Stay; empty: it was not asked: no home, no declared session).
+    affinity: str = ""
 
     @property
     def primary(self) -> Backend | None:

@@ -40,6 +40,7 @@ def body(prompt: str, **extra: Any) -> dict[str, Any]:
 
 def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
     gw = stack.gateway.url
+    stays = affinity_outcomes(stack)
     with httpx.Client(base_url=gw, timeout=30) as c:
         for session in ("alice", "bob", "carol", "dave"):
             seen = {
@@ -48,6 +49,8 @@ def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
                 for i in range(4)
             }  # fmt: skip
             assert len(seen) == 1, (session, seen)
+    # Each session's first request to its own backend, the three after it home.
+    assert affinity_outcomes(stack) - stays == Counter({"session": 4, "home": 4 * 3})
 
 
 def _burst(stack: Stack, prompt: str, headers: dict[str, str]) -> Counter[str]:
@@ -95,7 +98,7 @@ def test_affinity_brings_prefix_cache_hits(stack: Stack) -> None:
                     total += float(line.rsplit(" ", 1)[1])
         return total
 
-    before = hits()
+    before, stays = hits(), affinity_outcomes(stack)
     with httpx.Client(base_url=stack.gateway.url, timeout=30) as c:
         for conv in range(6):
             prompt = f"conversation {conv} opens with a long shared context " * 20
@@ -105,3 +108,15 @@ def test_affinity_brings_prefix_cache_hits(stack: Stack) -> None:
                 assert r.status_code == 200
     # Turns 2 and 3 of each conversation hit at least their first turn's ~180 tokens.
     assert hits() - before >= 6 * 2 * 160
+    # ... and the gateway says so: each of them went home; the first turns had none.
+    assert affinity_outcomes(stack) - stays == Counter({"home": 6 * 2})
+
+
+def affinity_outcomes(stack: Stack) -> Counter[str]:
+    """The gateway's count of what prefix affinity did, by outcome."""
+    out: Counter[str] = Counter()
+    for line in httpx.get(stack.gateway.url + "/metrics").text.splitlines():
+        if line.startswith("tiergate_affinity_decisions_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] += int(float(line.rsplit(" ", 1)[1]))
+    return out

@@ -19,7 +19,7 @@ from gateway.pipeline.intake import affinity_of
 from gateway.routing import Decision, PolicyParams, Reason, RouteRequest, RouterState
 from gateway.routing.affinity import Affinity, affinity_key, rank
 from gateway.routing.curves import Curve, Prediction
-from gateway.routing.types import Backend, BackendLoad, LoadSnapshot, Slo
+from gateway.routing.types import Backend, BackendLoad, LoadSnapshot, Slo, Stay
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, T2, T3, load, snap, urls
 
 AFF = Affinity.of(PolicyParams())
@@ -58,41 +58,46 @@ ALL, NONE, HOME, ALL_4, HOME_4 = "all", "none", "home", "all/4", "home/4"
 
 
 @pytest.mark.parametrize(
-    ("case", "home", "policy_first", "inflight", "known", "goes_home"),
+    ("case", "home", "policy_first", "inflight", "known", "stay"),
     [
-        ("idle pool: home over the policy's choice", T2, T0, {}, ALL, True),
-        ("home in the other tier, before its knee", L0, T0, {L0: 4}, ALL, True),
-        ("home already first", T0, T0, {}, ALL, True),
-        ("policy tries an unknown backend, home meets its SLO", L0, T0, {L0: 4}, HOME, True),
-        ("policy tries an unknown backend, home past its knee", L0, T0, {L0: 14}, HOME, False),
+        ("idle pool: home over the policy's choice", T2, T0, {}, ALL, Stay.HOME),
+        ("home in the other tier, before its knee", L0, T0, {L0: 4}, ALL, Stay.HOME),
+        ("home already first", T0, T0, {}, ALL, Stay.HOME),
+        ("policy tries an unknown backend, home meets its SLO", L0, T0, {L0: 4}, HOME, Stay.HOME),
+        ("policy tries an unknown backend, home past its knee", L0, T0, {L0: 14}, HOME,
+         Stay.UNKNOWN),
         # 9 streams at the home, a tenth there: within the SLO (15.6 ms) but past FAST's knee
         # (641 tokens/s for 10 streams against 711 for 9).
-        ("policy tries an unknown backend, home past a knee seen", L0, T0, {L0: 9}, HOME, False),
-        ("policy tries an unknown backend, knee past the frontier", L0, T0, {L0: 9}, HOME_4, True),
+        ("policy tries an unknown backend, home past a knee seen", L0, T0, {L0: 9}, HOME,
+         Stay.UNKNOWN),
+        ("policy tries an unknown backend, knee past the frontier", L0, T0, {L0: 9}, HOME_4,
+         Stay.HOME),
         # 14 streams: the home's guess past its frontier misses the SLO, as above, where the
         # choice is known to meet it; here the choice is a guess too, and the cache is home.
-        ("policy tries an unknown backend, home's miss a guess", L0, T0, {L0: 14}, HOME_4, True),
-        ("home past an observed knee, the choice gains", L0, T0, {L0: 9}, ALL, False),
-        ("home past a knee beyond its frontier, the choice gains", L0, T0, {L0: 9}, ALL_4, True),
+        ("policy tries an unknown backend, home's miss a guess", L0, T0, {L0: 14}, HOME_4,
+         Stay.HOME),
+        ("home past an observed knee, the choice gains", L0, T0, {L0: 9}, ALL, Stay.GIVE_WAY),
+        ("home past a knee beyond its frontier, the choice gains", L0, T0, {L0: 9}, ALL_4,
+         Stay.HOME),
         # The latency backend idle, twice as fast as the home (10 ms against 20.1): more than
         # twice the SLO-meeting output there (`affinity_yield`, 2).
-        ("home in the pool, the latency tier idle and 2x faster", T1, L0, {}, ALL, False),
+        ("home in the pool, the latency tier idle and 2x faster", T1, L0, {}, ALL, Stay.GIVE_WAY),
         # ... with 8 streams there, a ninth past its knee: it adds less than the home would.
-        ("home in the pool, the latency tier at its knee", T1, L0, {L0: 8}, ALL, True),
+        ("home in the pool, the latency tier at its knee", T1, L0, {L0: 8}, ALL, Stay.HOME),
         # The latency backend at 14 streams: TPOT 0.031 s, past the 25 ms SLO; the pool meets it.
-        ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, ALL, False),
-        ("home beyond its frontier, predicted to miss the SLO", L0, T0, {L0: 14}, ALL_4, False),
+        ("home past its knee for the SLO: the policy's choice", L0, T0, {L0: 14}, ALL, Stay.MISS),
+        ("home beyond its frontier, predicted to miss the SLO", L0, T0, {L0: 14}, ALL_4, Stay.MISS),
         # 13 on the pool's home, 0 elsewhere: SLOW's TPOT still meets the SLO there, and one
         # conversation holds one request at a time: the model, not the bound, decides.
-        ("known home beyond the bound, within its SLO: home", T2, T0, {T2: 13}, ALL, True),
+        ("known home beyond the bound, within its SLO: home", T2, T0, {T2: 13}, ALL, Stay.HOME),
         # Nothing known of the home: the cache hit is all that is known (saturation aside).
-        ("unknown home beyond the bound", T2, T0, {T2: 6}, NONE, True),
-        ("unknown latency home", L0, T0, {L0: 14}, NONE, True),
+        ("unknown home beyond the bound", T2, T0, {T2: 6}, NONE, Stay.HOME),
+        ("unknown latency home", L0, T0, {L0: 14}, NONE, Stay.HOME),
     ],
 )
 def test_a_key_served_lately_goes_home(
     case: str, home: Backend, policy_first: Backend, inflight: dict[Backend, int], known: str,
-    goes_home: bool,
+    stay: Stay,
 ) -> None:  # fmt: skip
     order = (policy_first, *(b for b in (L0, *POOL) if b is not policy_first))
     req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=home.url)
@@ -105,7 +110,8 @@ def test_a_key_served_lately_goes_home(
     elif known == NONE:
         curves = {}
     d = AFF(req, decide(order), replace(s, curves=curves))
-    assert d.candidates[0] is (home if goes_home else policy_first), case
+    assert d.candidates[0] is (home if stay == Stay.HOME else policy_first), case
+    assert d.affinity == stay, case  # which check decided
     assert sorted(urls(d)) == sorted(b.url for b in order)  # nothing lost, nothing added
 
 
@@ -189,6 +195,7 @@ def test_a_give_way_is_priced_with_the_historys_prefill(
                        max_tokens=answer)  # fmt: skip
     d = aff(req, decide((L0, T0, T1, T2, T3)), s)
     assert d.candidates[0] is (T1 if goes_home else L0), case
+    assert d.affinity == (Stay.HOME if goes_home else Stay.GIVE_WAY), case
 
 
 @pytest.mark.parametrize(
@@ -217,19 +224,23 @@ def test_a_move_past_the_knee_is_priced_with_the_historys_prefill(
                        max_tokens=answer)  # fmt: skip
     d = aff(req, decide((T0, L0, T1, T2, T3)), s)
     assert d.candidates[0] is (L0 if goes_home else T0), case
+    moved = Stay.GIVE_WAY if give_way else Stay.PAST_KNEE
+    assert d.affinity == (Stay.HOME if goes_home else moved), case
 
 
 @pytest.mark.parametrize(
-    ("case", "req"),
+    ("case", "req", "stay"),
     [
-        ("a prompt seen for the first time", RouteRequest(MODEL, affinity=KEY)),
-        ("a home that left the pool", RouteRequest(MODEL, affinity=KEY, home="http://gone:1")),
-        ("no key at all", RouteRequest(MODEL, home=T2.url)),
+        # (affinity not asked: "")
+        ("a prompt seen for the first time", RouteRequest(MODEL, affinity=KEY), ""),
+        ("a home that left the pool", RouteRequest(MODEL, affinity=KEY, home="http://gone:1"),
+         Stay.GONE),
+        ("no key at all", RouteRequest(MODEL, home=T2.url), ""),
     ],
 )
-def test_the_policy_order_stands(case: str, req: RouteRequest) -> None:
+def test_the_policy_order_stands(case: str, req: RouteRequest, stay: str) -> None:
     d = decide((T3, T2, T1, T0, L0))
-    assert AFF(req, d, snapshot({})) is d, case
+    assert AFF(req, d, snapshot({})) == d._replace(affinity=stay), case
 
 
 @pytest.mark.parametrize(
@@ -252,6 +263,7 @@ def test_a_home_with_a_queue_gives_way_to_an_idle_choice(
     s = snap(*((b, loads[b]) for b in (L0, *POOL)))
     d = AFF(RouteRequest(MODEL, affinity=KEY, home=T2.url), decide((T0, T1, T2, T3, L0)), s)
     assert d.candidates[0] is (T2 if goes_home else T0), case
+    assert d.affinity == (Stay.HOME if goes_home else Stay.QUEUE), case
 
 
 def test_a_saturated_home_is_left() -> None:
@@ -259,7 +271,8 @@ def test_a_saturated_home_is_left() -> None:
     loaded = {b: load() for b in POOL} | {T2: load(running=0, waiting=9)}
     s = snap((L0, load()), *((b, loaded[b]) for b in POOL))
     d = decide((T0, T1, T2, T3, L0))
-    assert AFF(RouteRequest(MODEL, affinity=KEY, home=T2.url), d, s) is d
+    got = AFF(RouteRequest(MODEL, affinity=KEY, home=T2.url), d, s)
+    assert got == d._replace(affinity=Stay.SATURATED)
 
 
 # A flat 5 ms TPOT up to 64 streams: every load meets the SLO and gains.
@@ -328,7 +341,8 @@ def test_the_keyed_backend_goes_first_within_the_bound(
 def test_the_other_tier_and_unkeyed_requests_are_left_alone() -> None:
     s = snapshot({})
     lat_first = decide((L0, T0, T1, T2, T3))
-    assert AFF(SESSION, lat_first, s) is lat_first  # one backend there
+    # one backend there: the session's own, as the policy chose it
+    assert AFF(SESSION, lat_first, s) == lat_first._replace(affinity=Stay.SESSION)
     thr_first = decide((T3, T2, T1, T0, L0))
     assert AFF(RouteRequest(MODEL), thr_first, s) is thr_first
 
@@ -338,17 +352,18 @@ def test_the_other_tier_and_unkeyed_requests_are_left_alone() -> None:
 )
 def test_decisions_with_a_reason_of_their_own_keep_their_first(reason: str) -> None:
     d = decide((T3, T2, T1, T0, L0), reason)
-    assert AFF(SESSION, d, snapshot({})) is d  # type: ignore[arg-type]
+    assert AFF(SESSION, d, snapshot({})) == d._replace(affinity=Stay.POLICY)  # type: ignore[arg-type]
     home = RouteRequest(MODEL, affinity=KEY, home=T2.url)
     went = AFF(home, d, snapshot({}))  # type: ignore[arg-type]
     # Exploration tries another backend with a request that has no home to lose.
     assert went.candidates[0] is (T2 if reason == Reason.EXPLORE else T3)
+    assert went.affinity == (Stay.HOME if reason == Reason.EXPLORE else Stay.POLICY)
 
 
 def test_a_home_kept_for_a_tighter_class_is_not_gone_back_to() -> None:
     d = decide((T3, T2, T1, T0, L0), Reason.RESERVED)
     home = RouteRequest(MODEL, affinity=KEY, home=L0.url)
-    assert AFF(home, d, snapshot({})) is d  # type: ignore[arg-type]
+    assert AFF(home, d, snapshot({})) == d._replace(affinity=Stay.POLICY)  # type: ignore[arg-type]
 
 
 def test_a_saturated_backend_is_never_chosen_for_affinity() -> None:
