@@ -37,6 +37,7 @@ import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from gateway.routing import Stay
 from loadtests.common.options import setup_logging
 from loadtests.common.report import (
     JsonReport,
@@ -152,17 +153,33 @@ async def _tallies(session: aiohttp.ClientSession, engines: Sequence[str], slo_s
     return out
 
 
-async def _phase(session: aiohttp.ClientSession, engines: Sequence[str], slo_s: float,
-                 chats: Awaitable[Sequence[Chat]]) -> dict[str, Any]:  # fmt: skip
+async def _outcomes(session: aiohttp.ClientSession, gateway: str) -> Counter[str]:
+    """The gateway's count of what prefix affinity did, by outcome (its /metrics)."""
+    async with session.get(f"{gateway}/metrics") as resp:
+        text = await resp.text()
+    out: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name == "tiergate_affinity_decisions":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[sample.labels["outcome"]] += int(sample.value)
+    return out
+
+
+async def _phase(session: aiohttp.ClientSession, gateway: str, engines: Sequence[str],
+                 slo_s: float, chats: Awaitable[Sequence[Chat]]) -> dict[str, Any]:  # fmt: skip
     """`chats` (the phase, awaited here) measured, with what the engines saw of it: the
     requests each finished meanwhile, those within the gateway's default TPOT SLO (every
-    request here has it), their mean TPOT, and the phase's seconds. (Whether turns that left
-    their first turn's instance served the phase worse or better.)"""
-    before = await _tallies(session, engines, slo_s)
+    request here has it), their mean TPOT, and the phase's seconds (whether turns that left
+    their first turn's instance served the phase worse or better); and what the gateway's
+    prefix affinity did meanwhile with the requests that had a home (which check sent a turn
+    elsewhere)."""
+    before, stays = await _tallies(session, engines, slo_s), await _outcomes(session, gateway)
     started = time.perf_counter()
     done = await chats
     seconds = time.perf_counter() - started
     after = await _tallies(session, engines, slo_s)
+    affinity = await _outcomes(session, gateway) - stays
     diffs = [(s1 - s0, w1 - w0, t1 - t0)
              for (s0, w0, t0), (s1, w1, t1) in zip(before, after, strict=True)]  # fmt: skip
     return measure(done) | {
@@ -171,6 +188,7 @@ async def _phase(session: aiohttp.ClientSession, engines: Sequence[str], slo_s: 
                     for n, w, t in diffs],
         "served": sum(n for n, _, _ in diffs),
         "within_slo": sum(w for _, w, _ in diffs),
+        "affinity": dict(affinity),
     }  # fmt: skip
 
 
@@ -187,8 +205,8 @@ async def _phases(url: str, engines: Sequence[str], opts: Options) -> dict[str, 
             return await asyncio.gather(*(converse(session, url, f"crowd-{i}", opts)
                                           for i in range(opts.crowd)))  # fmt: skip
 
-        return {"solo": await _phase(session, engines, slo_s, solo()),
-                "crowd": await _phase(session, engines, slo_s, crowd())}  # fmt: skip
+        return {"solo": await _phase(session, url, engines, slo_s, solo()),
+                "crowd": await _phase(session, url, engines, slo_s, crowd())}  # fmt: skip
 
 
 def one(arm: str, opts: Options, workdir: Path) -> dict[str, dict[str, Any]]:
@@ -224,6 +242,7 @@ def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any
                 "within_slo_rounds": [c["within_slo"] for c in cells],
                 "served_rounds": [c["served"] for c in cells],
                 "seconds_rounds": [c["seconds"] for c in cells],
+                "affinity": dict(sum((Counter(c.get("affinity", {})) for c in cells), Counter())),
             }
     return out
 
@@ -300,6 +319,11 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                                                            f["served_rounds"], strict=True)),
                 " / ".join(f"{x:.2f}" for x in f["seconds_rounds"])]
                for a, by in arms.items() for p, f in by.items()]  # fmt: skip
+    seen = {k for by in arms.values() for f in by.values() for k in f.get("affinity", {})}
+    # Every outcome any arm had, in Stay's order (home and session first).
+    outcomes = [o.value for o in Stay if o.value in seen]
+    stays = [[a, p, *(str(f["affinity"].get(o, 0)) for o in outcomes)]
+             for a, by in arms.items() for p, f in by.items() if "affinity" in f]  # fmt: skip
     return [
         ("Goals", ["goal", "measured", "verdict"], goals),
         ("Later turns on their first turn's instance (rounds pooled)", head, rows),
@@ -308,6 +332,8 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         ("Each round as the engines saw it",
          ["arm", "phase", "share at home", "requests within the TPOT SLO / finished",
           "seconds"], engines),
+        *([("What prefix affinity did with the requests that had a home (rounds pooled)",
+            ["arm", "phase", *outcomes], stays)] if outcomes else []),
     ]  # fmt: skip
 
 
@@ -336,6 +362,10 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         "TPOT was within the gateway's default TPOT SLO, by each engine's own per-request TPOT "
         f"histogram (`{TPOT}`), and the phase's seconds: whether turns that left their first "
         "turn's instance served the phase worse or better.",
+        "- What prefix affinity did: the gateway's `tiergate_affinity_decisions_total` over each "
+        "phase, for every request that had a home (the instance that served its chat's last "
+        "turn): `home` where it went back there, else the check that sent it elsewhere "
+        "(docs/routing.md). A turn that moved makes the instance it went to the next turn's home.",
     ]
     chart = None if chart_file is None else (chart_file, "share of later turns at home")
     return finish_markdown(parts, report["notes"], tables(report), chart)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from loadtests.conversations import ARMS, DEFAULTS, PHASES, Options, run
+from loadtests.conversations import ARMS, DEFAULTS, OFF, PHASES, Options, run
 
 pytestmark = pytest.mark.e2e
 
@@ -40,8 +40,12 @@ def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
     solo = arms[DEFAULTS]["solo"]
     assert solo["at_home"] == solo["later_turns"]
     assert solo["cached_share_median"] > 0.5
+    # ... each went home by the gateway's own count; affinity off asks it nothing.
+    assert solo["affinity"] == {"home": solo["later_turns"]}
+    assert all(not f["affinity"] for f in arms[OFF].values())
     assert report["verdicts"][0]["result"] == "MET"  # the solo phase's goal
     assert json.loads((tmp_path / "conversations.json").read_text()) == report
     md = (tmp_path / "conversations.md").read_text()
     assert "## Each round's share at home" in md
     assert "## Each round as the engines saw it" in md
+    assert "## What prefix affinity did with the requests that had a home" in md
