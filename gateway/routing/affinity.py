@@ -179,8 +179,9 @@ class Affinity:
         """Why the latency model sends the request to the policy's choice rather than home, or
         None where it lets it go home: the home full (FULL); predicted to miss the request's
         SLO where the choice would meet it (MISS); nothing known of the choice yet while the
-        home misses the SLO or is past its knee (UNKNOWN: a guess there stands against a guess
-        here only where the home is past the streams it has shown); the choice adding
+        home misses the SLO, or is past its knee by more output than the move's prefill would
+        stall there (UNKNOWN: a guess there stands against a guess here only where the home is
+        past the streams it has shown); the choice adding
         `give_way` times the home's SLO-meeting output, beyond the history's prefill there
         (GIVE_WAY); the home past its knee losing more output with the request than the prefill
         stalls at the choice (PAST_KNEE). None where the model knows nothing of the home: the
@@ -214,8 +215,20 @@ class Affinity:
             # is past the streams it has shown: a guess there stands against a guess here, and
             # only the home holds the cache. (A burst of conversations on a fresh gateway
             # otherwise left their homes on the prior's guess alone, before a scrape had shown
-            # the streams they had just been served at.)
-            return None if (there.p >= 0.5 or there.ahead) and not past_knee else Stay.UNKNOWN
+            # the streams they had just been served at.) Past its knee, within the SLO, the move
+            # is priced as the past-knee rule below prices it, the choice's TPOT guessed as the
+            # home's for one stream (unpriced, it took 10 of 64 later turns of a `bench
+            # conversations` crowd off the latency engine, read past its knee:
+            # docs/results/conversations-outcomes).
+            if (there.p >= 0.5 or there.ahead) and not past_knee:
+                return None
+            if there.p >= 0.5:
+                unknown = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
+                cost = _move_cost(req, unknown, at_home.prefill_s)
+                guess = max(at_home.tpot.at(1), _FLOOR)
+                if cost is not None and -there.gain * req.max_tokens * there.tpot <= cost / guess:
+                    return None
+            return Stay.UNKNOWN
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
         if there.p < 0.5 <= other.p:
             return Stay.MISS

@@ -229,6 +229,31 @@ def test_a_move_past_the_knee_is_priced_with_the_historys_prefill(
 
 
 @pytest.mark.parametrize(
+    ("case", "prompt", "answer", "stay"),
+    [
+        # The home at 9 streams, a tenth past its knee within the SLO (15.6 ms): it loses 70
+        # tokens/s over the request's 24 x 15.6 ms (26 tokens). Nothing is known of the
+        # choice: its TPOT taken as the home's for one stream (10 ms), the history's prefill
+        # there (1 s at the home's cost, the choice idle) stalls 100 tokens.
+        ("a long history, a short answer: home", 10000, 24, Stay.HOME),
+        ("a short history: the unknown choice", 1000, 24, Stay.UNKNOWN),
+        ("a long answer: the unknown choice", 10000, 256, Stay.UNKNOWN),
+        ("unpriced: the unknown choice", 10000, 0, Stay.UNKNOWN),
+    ],
+)
+def test_a_move_past_the_knee_to_an_unknown_choice_is_priced_too(
+    case: str, prompt: int, answer: int, stay: Stay
+) -> None:
+    s = learned_snapshot({L0: 9})
+    known = {k: replace(v, prefill_s=PER_TOKEN) for k, v in s.curves.items() if k != T0.url}
+    req = RouteRequest(MODEL, slo=SLO, affinity=KEY, home=L0.url, prompt_tokens=prompt,
+                       max_tokens=answer)  # fmt: skip
+    d = AFF(req, decide((T0, L0, T1, T2, T3)), replace(s, curves=known))
+    assert d.candidates[0] is (L0 if stay == Stay.HOME else T0), case
+    assert d.affinity == stay, case
+
+
+@pytest.mark.parametrize(
     ("case", "req", "stay"),
     [
         # (affinity not asked: "")
