@@ -181,11 +181,11 @@ class Affinity:
         SLO where the choice would meet it (MISS); nothing known of the choice yet while the
         home misses the SLO, or is past its knee by more output than the move's prefill would
         stall there (UNKNOWN: a guess there stands against a guess here only where the home is
-        past the streams it has shown); the choice adding
-        `give_way` times the home's SLO-meeting output, beyond the history's prefill there
-        (GIVE_WAY); the home past its knee losing more output with the request than the prefill
-        stalls at the choice (PAST_KNEE). None where the model knows nothing of the home: the
-        cache hit is all that is known then (saturation still moves it).
+        past the streams it has shown); the choice adding `give_way` times the home's
+        SLO-meeting output, beyond the history's prefill there (GIVE_WAY); the home past its
+        knee losing more output with the request than the prefill stalls at the choice
+        (PAST_KNEE). None where the model knows nothing of the home: the cache hit is all that
+        is known then (saturation still moves it).
 
         Only a knee within the streams the home has shown counts: past its frontier the model
         guesses one (a ridge that may lie anywhere out there; gateway.backends.latency_model),
