@@ -215,46 +215,52 @@ async def user_loop(
         conversation += 1
 
 
+Counters = tuple[float, float]  # an engine pool's prefix-cache (queries, hits), in tokens
+
+
 async def drive(
     url: str, sims: Sequence[str], opts: Options, progress: Progress, task: Any
-) -> tuple[list[Record], tuple[float, float]]:
+) -> tuple[list[Record], tuple[Counters, Counters, Counters]]:
     """The users' load for the warm-up and the measured seconds: every request's record, and
-    the engines' cache counters (queries, hits) as the warm-up ended."""
+    the engines' cache counters before the load, as the warm-up ended, and after the load
+    (read on the load's own event loop: a blocking read would stall its users)."""
     records: list[Record] = []
-    began = time.monotonic()
-    mark, deadline = began + opts.warmup_s, began + opts.warmup_s + opts.seconds
     total = opts.warmup_s + opts.seconds
     timeout = aiohttp.ClientTimeout(total=120)
     connector = aiohttp.TCPConnector(limit=opts.users)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        warm = None if opts.warmup_s > 0 else await _counters(session, sims)
-        users = [asyncio.create_task(user_loop(session, url, opts, u, (began, deadline), records))
+
+        async def after_warmup() -> Counters:
+            await asyncio.sleep(opts.warmup_s)
+            return await _counters(session, sims)
+
+        cold = await _counters(session, sims)
+        began = time.monotonic()
+        warm = asyncio.create_task(after_warmup())
+        users = [asyncio.create_task(user_loop(session, url, opts, u, (began, began + total),
+                                               records))
                  for u in range(opts.users)]  # fmt: skip
         try:
             while not all(u.done() for u in users):
-                now = time.monotonic()
-                if warm is None and now >= mark:
-                    warm = await _counters(session, sims)
-                    continue
-                stage = "warm-up" if warm is None else "measured"
-                progress.update(task, completed=min(total, now - began),
+                stage = "measured" if warm.done() else "warm-up"
+                progress.update(task, completed=min(total, time.monotonic() - began),
                                 description=f"  {stage}: {len(records)} requests")  # fmt: skip
-                await asyncio.wait(users, timeout=max(0.01, min(0.25, mark - now))
-                                   if warm is None else 0.25)  # fmt: skip
+                await asyncio.wait(users, timeout=0.25)
         finally:
-            for u in users:
-                u.cancel()
-            await asyncio.gather(*users, return_exceptions=True)
-    for u in users:  # a bug in the loop, not a failed request: say so
-        if not u.cancelled() and u.exception() is not None:
-            raise RuntimeError("a user loop failed") from u.exception()
-    if warm is None:
-        raise RuntimeError("the load ended before its warm-up did")
-    return records, warm
+            for u in (*users, warm):
+                if not u.done():
+                    u.cancel()
+            await asyncio.gather(*users, warm, return_exceptions=True)
+        for u in users:  # a bug in the loop, not a failed request: say so
+            if not u.cancelled() and u.exception() is not None:
+                raise RuntimeError("a user loop failed") from u.exception()
+        if warm.cancelled():
+            raise RuntimeError("the load ended before its warm-up did")
+        return records, (cold, warm.result(), await _counters(session, sims))
 
 
-async def _counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> tuple[float, float]:
-    """`cache_counters` on the load's own event loop (a blocking read would stall its users)."""
+async def _counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> Counters:
+    """(queries, hits) of the engines' prefix caches, in tokens, summed over `urls`."""
     texts = []
     for url in urls:
         async with session.get(url + "/metrics") as resp:
@@ -271,12 +277,7 @@ def _get(url: str) -> str:
         return text
 
 
-def cache_counters(urls: Sequence[str]) -> tuple[float, float]:
-    """(queries, hits) of the engines' prefix caches, in tokens, summed over `urls`."""
-    return counted([_get(url + "/metrics") for url in urls])
-
-
-def counted(texts: Sequence[str]) -> tuple[float, float]:
+def counted(texts: Sequence[str]) -> Counters:
     """(queries, hits) of prefix caches, in tokens, summed over the engines' metrics `texts`."""
     queries = hits = 0.0
     for text in texts:
@@ -339,9 +340,9 @@ def deployment(
 def measure(
     url: str, sims: Sequence[str], opts: Options, progress: Progress, task: Any
 ) -> dict[str, Any]:
-    q0, h0 = cache_counters(sims)
-    everything, (qw, hw) = asyncio.run(drive(url, sims, opts, progress, task))
-    q1, h1 = cache_counters(sims)
+    everything, ((q0, h0), (qw, hw), (q1, h1)) = asyncio.run(
+        drive(url, sims, opts, progress, task)
+    )
     records = [r for r in everything if r.start_s >= opts.warmup_s]
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s * 1000 for r in ok]
@@ -408,9 +409,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         figs: dict[str, Any] = {k: median([r[k] for r in rounds]) for k, _ in FIGURES}
         figs["rounds"] = {k: [r[k] for r in rounds] for k, _ in FIGURES}
         figs |= {k: sum(r[k] for r in rounds) for k in COUNTS}
-        turns = max(len(r["by_turn"]) for r in rounds)
-        figs["by_turn"] = [[sum(r["by_turn"][t][i] for r in rounds if t < len(r["by_turn"]))
-                            for i in (0, 1)] for t in range(turns)]  # fmt: skip
+        # Each turn's (prompt, cached) tokens, summed over the rounds.
+        figs["by_turn"] = [[sum(x) for x in zip(*turn, strict=True)]
+                           for turn in zip(*(r["by_turn"] for r in rounds), strict=True)]
         out[arm] = figs
     return out
 

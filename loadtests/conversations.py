@@ -242,7 +242,7 @@ def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any
                 "within_slo_rounds": [c["within_slo"] for c in cells],
                 "served_rounds": [c["served"] for c in cells],
                 "seconds_rounds": [c["seconds"] for c in cells],
-                "affinity": dict(sum((Counter(c.get("affinity", {})) for c in cells), Counter())),
+                "affinity": dict(sum((Counter(c["affinity"]) for c in cells), Counter())),
             }
     return out
 
@@ -319,11 +319,11 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                                                            f["served_rounds"], strict=True)),
                 " / ".join(f"{x:.2f}" for x in f["seconds_rounds"])]
                for a, by in arms.items() for p, f in by.items()]  # fmt: skip
-    seen = {k for by in arms.values() for f in by.values() for k in f.get("affinity", {})}
+    seen = {k for by in arms.values() for f in by.values() for k in f["affinity"]}
     # Every outcome any arm had, in Stay's order (home and session first).
     outcomes = [o.value for o in Stay if o.value in seen]
     stays = [[a, p, *(str(f["affinity"].get(o, 0)) for o in outcomes)]
-             for a, by in arms.items() for p, f in by.items() if "affinity" in f]  # fmt: skip
+             for a, by in arms.items() for p, f in by.items()]  # fmt: skip
     return [
         ("Goals", ["goal", "measured", "verdict"], goals),
         ("Later turns on their first turn's instance (rounds pooled)", head, rows),

@@ -225,8 +225,7 @@ class Affinity:
             if there.p >= 0.5:
                 unknown = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
                 cost = _move_cost(req, unknown, at_home.prefill_s)
-                guess = max(at_home.tpot.at(1), _FLOOR)
-                if cost is not None and -there.gain * req.max_tokens * there.tpot <= cost / guess:
+                if not _leaving_pays(req, there, cost, at_home.tpot.at(1)):
                     return None
             return Stay.UNKNOWN
         other = outlook(chosen, load(chosen.url), at_chosen, slo, limits)
@@ -263,14 +262,7 @@ class Affinity:
         # cannot meet a tight class, beside a latency engine the class has filled), where
         # that loss, over the request's decoding at home, outweighs the output the history's
         # prefill stalls at the choice.
-        if (
-            past_knee
-            and other.gain > -nothing
-            and (
-                cost is None
-                or -there.gain * req.max_tokens * there.tpot > cost / max(other.tpot, _FLOOR)
-            )
-        ):
+        if past_knee and other.gain > -nothing and _leaving_pays(req, there, cost, other.tpot):
             return Stay.PAST_KNEE
         return None
 
@@ -278,6 +270,13 @@ class Affinity:
 # A TPOT taken as no less than this where it divides (an engine that sends a whole answer at
 # once has a TPOT of 0).
 _FLOOR = 1e-4
+
+
+def _leaving_pays(req: RouteRequest, there: Outlook, cost: float | None, tpot: float) -> bool:
+    """Whether a move off a home past its knee pays: the output the home would lose with the
+    request, over its decoding there, outweighs the output the move's `cost` (stream-seconds
+    of prefill, None: not known, the move unpriced) stalls where it goes, `tpot` a token."""
+    return cost is None or -there.gain * req.max_tokens * there.tpot > cost / max(tpot, _FLOOR)
 
 
 def _move_cost(req: RouteRequest, other: Outlook, prefill_s: float) -> float | None:
