@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -21,12 +22,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, TypeVar
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import make_asgi_app
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from engines.front.schemas import ChatCompletionRequest, CompletionRequest
 from engines.front.wire import ApiError, collect, parse_body, sse, warm_up
@@ -442,9 +443,6 @@ def create_app(cfg: SimConfig) -> Starlette:
     async def concurrency(request: Request) -> Response:
         return JSONResponse({"generating": sim.generating, "peak": sim.peak_generating})
 
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(sim.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
     async def faults(request: Request) -> Response:
         """Inspect or change the fault settings of a running simulator (chaos tests)."""
         if request.method == "POST":
@@ -476,6 +474,10 @@ def create_app(cfg: SimConfig) -> Starlette:
         async with sim.running():
             yield
 
+    # As vLLM serves it (vllm/entrypoints/serve/instrumentator/metrics.py): prometheus_client's
+    # ASGI app, which gives only the series a scraper names in `name[]` where it names some.
+    page = Mount("/metrics", make_asgi_app(registry=sim.metrics.registry))
+    page.path_regex = re.compile("^/metrics(?P<path>.*)$")  # (no redirect to /metrics/)
     routes = [
         Route("/v1/completions", handler(completions), methods=["POST"]),
         Route("/v1/chat/completions", handler(chat), methods=["POST"]),
@@ -485,7 +487,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/version", version),
         Route("/load", load),
         Route("/sim/concurrency", concurrency),
-        Route("/metrics", metrics),
+        page,
         Route("/sim/faults", handler(faults), methods=["GET", "POST"]),
         Route("/sim/speculative", handler(speculative), methods=["GET", "POST"]),
     ]

@@ -78,6 +78,9 @@ class WireAdapter(Protocol):
     kind: str
     label: str  # how messages name the engine, e.g. "Triton"
     health_path: str  # 200 while the engine can serve
+    # The query that asks the engine's metrics page for only the series `parse_metrics` reads
+    # (empty: the whole page).
+    metrics_query: str
     # False when every request the gateway accepts can go to this kind (no need to ask).
     restricts: bool
     # The engine takes the OpenAI request body as it is (vLLM's API): a continuation, whose

@@ -18,6 +18,7 @@ from gateway.backends.registry import Registry
 from gateway.backends.state import MemoryInflightStore
 from gateway.config.settings import Settings
 from gateway.observe.telemetry import Telemetry
+from gateway.wire.vllm.metrics import SERIES
 from tests.conftest import free_port
 
 MODEL = "m"
@@ -142,5 +143,47 @@ async def test_an_engine_without_health_at_the_kinds_path_names_its_own(
             for _ in range(3):
                 await monitor.refresh()
         assert registry.entries[url].live.ejected is ejected
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("refusal", [None, 400, 404])
+async def test_the_metrics_page_is_asked_for_what_is_read_or_else_whole(
+    refusal: int | None,
+) -> None:
+    """A vLLM kind of engine is asked for only the series the gateway reads (`name[]`, which
+    prometheus_client's page takes). One that answers that query with a client error is asked
+    for the whole page, then and from then on, and its load is read from it all the same."""
+    port = free_port()
+    asked: list[list[str]] = []
+    app = web.Application()
+    app.router.add_get("/health", _ok)
+
+    async def metrics(request: web.Request) -> web.Response:
+        names = request.query.getall("name[]", [])
+        asked.append(names)
+        if names and refusal is not None:
+            return web.Response(status=refusal, text="no such query here")
+        return web.Response(text=f'vllm:num_requests_running{{model_name="{MODEL}"}} 3.0\n')
+
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    settings = Settings(tiers=[{"name": "pool", "role": "throughput",
+                                "backends": [{"url": url, "models": [MODEL]}]}])  # fmt: skip
+    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    try:
+        async with aiohttp.ClientSession() as session:
+            monitor = Monitor(registry, settings.monitor, session, Telemetry())
+            for _ in range(3):
+                await monitor.refresh()
+        assert registry.snapshot().load(url).running == 3
+        assert not registry.entries[url].live.ejected
+        if refusal is None:
+            assert asked == [list(SERIES)] * 3
+        else:  # the query once, then the whole page every time
+            assert asked == [list(SERIES), [], [], []]
     finally:
         await runner.cleanup()

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.front.metrics import ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS
+from gateway.wire.vllm.metrics import METRICS_QUERY, SERIES, parse_vllm_metrics
 from loadtests.harness.procs import SimProcess
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
@@ -53,6 +54,20 @@ def sample(fams: dict[str, list[Any]], name: str, **labels: str) -> float:
 
 
 BODY = {"model": MODEL, "prompt": "one two three four five", "max_tokens": 12, "ignore_eos": True}
+
+
+def test_metrics_page_gives_the_series_a_scraper_names(v3: SimProcess) -> None:
+    """As vLLM's page (prometheus_client's ASGI app): `name[]` keeps only the samples named,
+    which is how the gateway scrapes a vLLM kind of engine (METRICS_QUERY); without it, all."""
+    httpx.post(v3.url + "/v1/completions", json=BODY)
+    whole = httpx.get(v3.url + "/metrics").text
+    part = httpx.get(f"{v3.url}/metrics?{METRICS_QUERY}").text
+    names = {s.name for f in text_string_to_metric_families(part) for s in f.samples}
+    assert names <= set(SERIES)
+    assert {"vllm:num_requests_running", "vllm:inter_token_latency_seconds_sum",
+            "vllm:prompt_tokens_total"} <= names  # fmt: skip
+    assert len(part) * 5 < len(whole)
+    assert parse_vllm_metrics(part) == parse_vllm_metrics(whole)
 
 
 def test_completion_fields(v3: SimProcess) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from urllib.parse import parse_qs
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -11,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.wire.metrics import EngineStats, MetricsParseError
 from gateway.wire.triton.metrics import parse_triton_metrics
-from gateway.wire.vllm.metrics import parse_vllm_metrics
+from gateway.wire.vllm.metrics import METRICS_QUERY, SERIES, parse_vllm_metrics
 
 
 def _floats(spaced: str) -> list[float]:
@@ -515,3 +516,8 @@ def test_triton_parser_ignores_vllm_model_name_series_and_vice_versa() -> None:
 def test_triton_malformed_raises() -> None:
     with pytest.raises(MetricsParseError, match="line 2"):
         parse_triton_metrics('nv_inference_pending_request_count{model="m"} 1\n{oops} 2\n')
+
+
+def test_the_query_names_every_series_read_and_nothing_else() -> None:
+    """The gateway asks a vLLM page for these samples only (prometheus_client's `name[]`)."""
+    assert parse_qs(METRICS_QUERY) == {"name[]": list(SERIES)}

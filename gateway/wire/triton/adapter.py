@@ -441,6 +441,7 @@ class TritonAdapter:
     label = "Triton"
     # Triton answers 400 here while a model is not ready.
     health_path = "/v2/health/ready"
+    metrics_query = ""  # Triton's page takes no query
     restricts = True
     passthrough = False
     ambiguous = frozenset({500})  # "Error generating stream: ..." is often the request's fault

@@ -14,7 +14,7 @@ from gateway.core.exchange import body_of
 from gateway.core.sse import skip_space
 from gateway.wire import Incompatible
 from gateway.wire.metrics import EngineStats
-from gateway.wire.vllm.metrics import parse_vllm_metrics
+from gateway.wire.vllm.metrics import METRICS_QUERY, parse_vllm_metrics
 
 if TYPE_CHECKING:
     from gateway.core.exchange import Exchange
@@ -112,6 +112,10 @@ class VllmAdapter:
     kind = "vllm"
     label = "vLLM"
     health_path = "/health"
+    # vLLM's page is prometheus_client's, which takes `name[]` (as of vLLM's ASGI metrics app;
+    # a version that sends the whole page anyway is read the same): some 20 lines, not 400
+    # (docs/results/metrics-query).
+    metrics_query = METRICS_QUERY
     restricts = False
     passthrough = True
     ambiguous: frozenset[int] = frozenset()  # vLLM answers the client's mistakes with 4xx

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from urllib.parse import urlencode
 
 from gateway.wire.metrics import EngineStats, collect
 
-__all__ = ["SERIES", "parse_vllm_metrics"]
+__all__ = ["METRICS_QUERY", "SERIES", "parse_vllm_metrics"]
 
 KV = "vllm:kv_cache_usage_perc"
 KV_OLD = "vllm:gpu_cache_usage_perc"  # removed in vLLM 0.12; older engines still send it
@@ -35,6 +36,11 @@ SERIES: Mapping[str, str] = MappingProxyType({
     "vllm:request_prefill_time_seconds_count": "prefill_count",
     "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed",  # (vLLM #30189)
 })  # fmt: skip
+
+
+# The query for only these series: prometheus_client's page (vLLM's) takes each sample's name
+# as a `name[]` parameter.
+METRICS_QUERY = urlencode([("name[]", name) for name in SERIES])
 
 
 def parse_vllm_metrics(text: str) -> dict[str, EngineStats]:

@@ -43,6 +43,7 @@ class EchoAdapter:
     label = "Echo"
     # Not served by the echo engine: its readiness check (readiness.py) probes it instead.
     health_path = "/no-such-path"
+    metrics_query = ""
     restricts = True
     passthrough = False
     ambiguous: frozenset[int] = frozenset()
