@@ -123,6 +123,8 @@ class Monitor:
                     self._ready[e.url] = ready
         for url in set(self._watch) - urls:
             del self._watch[url]
+            self._whole.discard(url)  # (a backend found again at that address may differ)
+            self._unmetered.discard(url)
             if (gone := self._ready.pop(url, None)) is not None:
                 self._closing.append(gone)
 
