@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import random
-import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -22,12 +21,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, TypeVar
 
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 
 from engines.front.schemas import ChatCompletionRequest, CompletionRequest
 from engines.front.wire import ApiError, collect, parse_body, sse, warm_up
@@ -443,6 +442,15 @@ def create_app(cfg: SimConfig) -> Starlette:
     async def concurrency(request: Request) -> Response:
         return JSONResponse({"generating": sim.generating, "peak": sim.peak_generating})
 
+    async def metrics(request: Request) -> Response:
+        # As vLLM's page (prometheus_client's ASGI app) does: only the samples a scraper names
+        # in `name[]`, where it names some. (Text format always, uncompressed.)
+        registry: Any = sim.metrics.registry
+        names = request.query_params.getlist("name[]")
+        if names:
+            registry = registry.restricted_registry(names)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     async def faults(request: Request) -> Response:
         """Inspect or change the fault settings of a running simulator (chaos tests)."""
         if request.method == "POST":
@@ -474,10 +482,6 @@ def create_app(cfg: SimConfig) -> Starlette:
         async with sim.running():
             yield
 
-    # As vLLM serves it (vllm/entrypoints/serve/instrumentator/metrics.py): prometheus_client's
-    # ASGI app, which gives only the series a scraper names in `name[]` where it names some.
-    page = Mount("/metrics", make_asgi_app(registry=sim.metrics.registry))
-    page.path_regex = re.compile("^/metrics(?P<path>.*)$")  # (no redirect to /metrics/)
     routes = [
         Route("/v1/completions", handler(completions), methods=["POST"]),
         Route("/v1/chat/completions", handler(chat), methods=["POST"]),
@@ -487,7 +491,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/version", version),
         Route("/load", load),
         Route("/sim/concurrency", concurrency),
-        page,
+        Route("/metrics", metrics),
         Route("/sim/faults", handler(faults), methods=["GET", "POST"]),
         Route("/sim/speculative", handler(speculative), methods=["GET", "POST"]),
     ]
