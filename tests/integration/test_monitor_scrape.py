@@ -58,6 +58,26 @@ async def _ok(_: web.Request) -> web.Response:
     return web.Response(text="")
 
 
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` served on a free loopback port: its runner (to clean up) and its URL."""
+    port = free_port()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def _scraped(backend: dict[str, object], rounds: int = 3) -> Registry:
+    """A registry of one throughput backend after the monitor's `rounds` scrapes of it."""
+    settings = Settings(tiers=[{"name": "pool", "role": "throughput", "backends": [backend]}])
+    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    async with aiohttp.ClientSession() as session:
+        monitor = Monitor(registry, settings.monitor, session, Telemetry())
+        for _ in range(rounds):
+            await monitor.refresh()
+    return registry
+
+
 async def test_our_streams_that_ended_during_a_late_scrape_are_not_counted_as_others() -> None:
     engine = LateEngine()
     runner = await engine.start()
@@ -89,7 +109,6 @@ async def test_an_engine_without_a_metrics_page_stays_in_rotation(
     """SGLang without `--enable-metrics` answers /metrics with 404, llama.cpp's server without
     `--metrics` with 501: healthy engines, served on the gateway's own counts (a warning, once).
     A metrics page that fails (500) is an unwell engine, out of rotation at once."""
-    port = free_port()
     app = web.Application()
     app.router.add_get("/health", _ok)
 
@@ -97,19 +116,10 @@ async def test_an_engine_without_a_metrics_page_stays_in_rotation(
         return web.Response(status=status, text="not here")
 
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
-    settings = Settings(tiers=[{"name": "pool", "role": "throughput",
-                                "backends": [{"url": url, "models": [MODEL]}]}])  # fmt: skip
-    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    runner, url = await _serve(app)
     try:
-        async with aiohttp.ClientSession() as session:
-            monitor = Monitor(registry, settings.monitor, session, Telemetry())
-            with caplog.at_level(logging.WARNING, logger="gateway.backends.monitor"):
-                for _ in range(3):
-                    await monitor.refresh()
+        with caplog.at_level(logging.WARNING, logger="gateway.backends.monitor"):
+            registry = await _scraped({"url": url, "models": [MODEL]})
         entry = registry.entries[url]
         assert entry.live.ejected is ejected
         warned = [r for r in caplog.records if "no metrics page" in r.getMessage()]
@@ -127,21 +137,11 @@ async def test_an_engine_without_health_at_the_kinds_path_names_its_own(
 ) -> None:
     """An engine with no /health (Ollama's answers 200 at /, and has no metrics page) is out of
     rotation by the kind's default, in rotation once its backend names the path it answers."""
-    port = free_port()
     app = web.Application()
     app.router.add_get("/", _ok)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
-    backend = {"url": url, "models": [MODEL], "health_path": health_path}
-    settings = Settings(tiers=[{"name": "pool", "role": "throughput", "backends": [backend]}])
-    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    runner, url = await _serve(app)
     try:
-        async with aiohttp.ClientSession() as session:
-            monitor = Monitor(registry, settings.monitor, session, Telemetry())
-            for _ in range(3):
-                await monitor.refresh()
+        registry = await _scraped({"url": url, "models": [MODEL], "health_path": health_path})
         assert registry.entries[url].live.ejected is ejected
     finally:
         await runner.cleanup()
@@ -154,7 +154,6 @@ async def test_the_metrics_page_is_asked_for_what_is_read_or_else_whole(
     """A vLLM kind of engine is asked for only the series the gateway reads (`name[]`, which
     prometheus_client's page takes). One that answers that query with a client error is asked
     for the whole page, then and from then on, and its load is read from it all the same."""
-    port = free_port()
     asked: list[list[str]] = []
     app = web.Application()
     app.router.add_get("/health", _ok)
@@ -167,18 +166,9 @@ async def test_the_metrics_page_is_asked_for_what_is_read_or_else_whole(
         return web.Response(text=f'vllm:num_requests_running{{model_name="{MODEL}"}} 3.0\n')
 
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
-    settings = Settings(tiers=[{"name": "pool", "role": "throughput",
-                                "backends": [{"url": url, "models": [MODEL]}]}])  # fmt: skip
-    registry = Registry(settings, MemoryInflightStore(), Telemetry())
+    runner, url = await _serve(app)
     try:
-        async with aiohttp.ClientSession() as session:
-            monitor = Monitor(registry, settings.monitor, session, Telemetry())
-            for _ in range(3):
-                await monitor.refresh()
+        registry = await _scraped({"url": url, "models": [MODEL]})
         assert registry.snapshot().load(url).running == 3
         assert not registry.entries[url].live.ejected
         if refusal is None:
