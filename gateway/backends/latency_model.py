@@ -70,6 +70,9 @@ _VARIED = 1e-6
 # Scrapes of an engine's speculation counters kept to read a finished stream's acceptance: a
 # few tens of seconds at the usual scrape intervals, longer than most streams decode.
 _KEPT = 64
+# How much a knot's neighbour's value counts for it before its own first observation (in
+# observations; CurveLearner.observe).
+_NEIGHBOUR = 1.0
 
 
 def isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -104,7 +107,8 @@ class CurveLearner:
         through the two knots around `n` moves both, each by its share of `weight` (a
         gradient step of piecewise-linear least squares: unbiased on a straight segment,
         where averaging `y` into the knots would drag each toward its neighbour). A knot's
-        first observation sets it. False: not a usable observation."""
+        first observation sets it, but beside a knot already seen, whose value it starts from
+        as one observation. False: not a usable observation."""
         if not (math.isfinite(y) and y >= 0 and math.isfinite(n)):
             return False
         k = KNOTS
@@ -119,11 +123,21 @@ class CurveLearner:
             i += 1
         f = (n - k[i]) / (k[i + 1] - k[i])
         v0, v1 = self.values[i], self.values[i + 1]
-        # A knot with nothing yet stands at the other one's value, not at 0.
+        # A knot with nothing yet stands at the other one's value, not at 0: the step flat
+        # there, as a roofline is before its ridge, believed as one observation. Taken whole,
+        # the first reading of a knot past the load seen (a step that carried a wave's
+        # prefill, 1.5 times the others) became the knee there, and routing, believing it,
+        # never sent the streams that would have corrected it.
         if not self.seen[i]:
-            v0 = v1 if self.seen[i + 1] else y
+            if self.seen[i + 1]:
+                v0 = v1
+                self.weights[i] = _NEIGHBOUR
+            else:
+                v0 = y
         if not self.seen[i + 1]:
             v1 = v0
+            if self.seen[i]:
+                self.weights[i + 1] = _NEIGHBOUR
         residual = y - (v0 + f * (v1 - v0))
         self.values[i], self.values[i + 1] = v0, v1
         self._add(i, residual, weight * (1 - f))

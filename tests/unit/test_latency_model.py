@@ -90,6 +90,31 @@ def test_nothing_is_known_before_the_first_observation_which_sets_its_knots() ->
     assert not learner.observe(8, -1.0)
 
 
+@pytest.mark.parametrize(
+    ("readings", "at_6"),
+    [
+        # A first reading past the load seen, next to a knot that has seen it: it counts beside
+        # the neighbour's value believed as one observation, not as the knot's whole truth.
+        ([(6, 0.015)], pytest.approx(0.0125)),
+        # Two readings there: two thirds of the way.
+        ([(6, 0.015), (6, 0.015)], pytest.approx(0.01 + 0.005 * 2 / 3)),
+        # Split with its neighbour (n = 5: half each), as a gradient step of the line.
+        ([(5, 0.015)], pytest.approx(0.01 + 0.0025 / 1.5)),
+        # Many: the readings, the neighbour's belief forgotten as any old reading is.
+        ([(6, 0.015)] * 40, pytest.approx(0.015, rel=0.01)),
+    ],
+)
+def test_a_knots_first_reading_next_to_a_seen_one_is_weighed_against_it(
+    readings: list[tuple[int, float]], at_6: float
+) -> None:
+    learner = CurveLearner(memory=16)
+    for _ in range(16):
+        learner.observe(4, 0.010)
+    for n, y in readings:
+        learner.observe(n, y)
+    assert dict(learner.points())[6] == at_6
+
+
 def test_a_shift_is_followed_where_the_engine_runs() -> None:
     learner = CurveLearner(memory=16)
     for _ in range(200):
