@@ -127,7 +127,7 @@ class CurveLearner:
         # there, as a roofline is before its ridge, believed as one observation. Taken whole,
         # the first reading of a knot past the load seen (a step that carried a wave's
         # prefill, 1.5 times the others) became the knee there, and routing, believing it,
-        # never sent the streams that would have corrected it.
+        # never sent the streams that would have corrected it (docs/results/knot-neighbour).
         if not self.seen[i]:
             if self.seen[i + 1]:
                 v0 = v1
