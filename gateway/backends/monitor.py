@@ -227,19 +227,23 @@ class Monitor:
         # of a few KB on a local network costs more CPU compressed, at both ends, than sent.
         headers = {**entry.auth, "accept-encoding": "identity"}
         if query and entry.url not in self._whole:
-            async with self.session.get(
-                f"{url}{'&' if '?' in url else '?'}{query}", headers=headers,
-                timeout=self._timeout,
-            ) as r:  # fmt: skip
-                if not 400 <= r.status < 500:
-                    return r.status, await r.text() if r.status == 200 else ""
-                await r.read()
+            status, text = await self._get(f"{url}{'&' if '?' in url else '?'}{query}", headers)
+            if not 400 <= status < 500:
+                return status, text
             self._whole.add(entry.url)
             log.info("backend refused the query for a part of its metrics page (%d): it is "
-                     "asked for the whole page", r.status,
+                     "asked for the whole page", status,
                      extra={"fields": {"backend": entry.url}})  # fmt: skip
+        return await self._get(url, headers)
+
+    async def _get(self, url: str, headers: dict[str, str]) -> tuple[int, str]:
+        """The status of a GET of `url` and, where 200, its text (any other body read and
+        dropped, so that the connection goes back to the pool)."""
         async with self.session.get(url, headers=headers, timeout=self._timeout) as r:
-            return r.status, await r.text() if r.status == 200 else ""
+            if r.status == 200:
+                return r.status, await r.text()
+            await r.read()
+            return r.status, ""
 
     def _unmetered_once(self, entry: BackendEntry, status: int) -> None:
         if entry.url not in self._unmetered:
