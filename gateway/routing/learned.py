@@ -39,7 +39,13 @@ requests, which only EAGLE meets, went to a pool that could not.
 
 With probability `explore_rate` a backend whose model has had no observation for
 `explore_after_s` goes first, so a tier that lost its traffic (EAGLE accepting little) is noticed
-when it recovers.
+when it recovers. A request with a prefix others may come back to (an affinity key: a
+conversation's turn) explores only a backend that decodes speculatively, or one nothing is known
+of: its conversation's later turns either stay where it went or pay their history's prefill to
+leave, and what can change unseen on an engine that is idle is the acceptance of its drafts (the
+workload's), not the speed of plain decoding (the hardware's). (Openers explored to an idle pool
+engine were the only later turns of `bench conversations`' chats one at a time to leave their
+first turn's instance: docs/results/explore-keyed.)
 
 A pure function of (request, snapshot with its predictions, state, rng).
 """
@@ -659,11 +665,14 @@ class Learned:
             reason = Reason.HEADROOM
         # One draw per decision whatever happens, so a seed replays the whole sequence.
         if rng.random() < limits.explore_rate and not full:
+            keyed = req.affinity is not None
             for k in keys[1:]:
                 i = k[-1]
                 if outlooks[i][4]:  # full
                     continue
                 b, pred = pool[i], preds[i]
+                if keyed and pred is not None and pred.acceptance is None:
+                    continue  # (plain decoding: see the module's docstring)
                 seen = None if pred is None else pred.observed_at
                 if seen is None or snap.taken_at - seen > limits.explore_after_s:
                     ordered.remove(b)

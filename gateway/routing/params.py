@@ -93,7 +93,9 @@ class PolicyParams(BaseModel):
         ge=0,
         le=1,
         description="learned: share of decisions that send the request first to a backend the"
-        " latency model has not observed for explore_after_s, so it keeps learning there.",
+        " latency model has not observed for explore_after_s, so it keeps learning there (a"
+        " conversation's turn only to one that decodes speculatively, or that nothing is known"
+        " of).",
     )
     explore_after_s: float = Field(
         default=10.0,

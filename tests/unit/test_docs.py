@@ -86,7 +86,6 @@ SETTINGS_PASSAGES = {
     ("reliability.md", "- **Hostile input** (`server.*`):"),
     ("reliability.md", "**Shared state**: in-flight count"),
     ("reliability.md", "**Errors**: every answer the gate"),
-    ("routing.md", "The objective is goodput, the SLO"),
     ("tenants-and-releases.md", "- **Sticky**: a request with an `"),
     ("tenants-and-releases.md", "- **Limits**: requests per minute"),
 }

@@ -515,6 +515,40 @@ def test_exploration_tries_a_backend_not_observed_lately() -> None:
     assert d.reason == Reason.PREDICTED_SLO_MET
 
 
+@pytest.mark.parametrize(
+    ("stale", "keyed", "first", "why"),
+    [
+        # An idle pool not observed lately, the EAGLE engine fresh and chosen: a request with
+        # no prefix to come back to explores the pool; a conversation's turn does not (plain
+        # decoding's speed does not change unseen, and its later turns would pay to leave).
+        ("plain", False, {T0.url, T1.url}, Reason.EXPLORE),
+        ("plain", True, {L0.url}, Reason.PREDICTED_SLO_MET),
+        # The EAGLE engine not observed lately, after its acceptance fell: its drafts may be
+        # accepted again, and either request tries it.
+        ("speculative", False, {L0.url}, Reason.EXPLORE),
+        ("speculative", True, {L0.url}, Reason.EXPLORE),
+    ],
+)
+def test_a_conversations_turn_explores_only_where_speed_can_change_unseen(
+    stale: str, keyed: bool, first: set[str], why: str
+) -> None:
+    policy = build_policy("learned", PolicyParams(explore_rate=1.0, explore_after_s=10))
+    old = NOW - 30
+    if stale == "plain":
+        curves = {L0.url: replace(eagle(), acceptance=0.6), T0.url: replace(awq(), observed_at=old),
+                  T1.url: replace(awq(), observed_at=old)}  # fmt: skip
+    else:
+        curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=old),
+                  T0.url: awq(), T1.url: awq()}  # fmt: skip
+    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
+                     curves)  # fmt: skip
+    req = RouteRequest(MODEL, slo=STANDARD, affinity=7 if keyed else None)
+    d = policy(req, s, RouterState(), random.Random(0))
+    assert d.primary is not None
+    assert d.primary.url in first
+    assert d.reason == why
+
+
 def test_the_decision_is_a_pure_function_of_its_inputs() -> None:
     policy = build_policy("learned", PolicyParams())
     s = snapshot(load(10), load(3), load(3), observed=NOW - 60)
