@@ -39,13 +39,17 @@ requests, which only EAGLE meets, went to a pool that could not.
 
 With probability `explore_rate` a backend whose model has had no observation for
 `explore_after_s` goes first, so a tier that lost its traffic (EAGLE accepting little) is noticed
-when it recovers. A request with a prefix others may come back to (an affinity key: a
-conversation's turn) explores only a backend that decodes speculatively, or one nothing is known
-of: its conversation's later turns either stay where it went or pay their history's prefill to
-leave, and what can change unseen on an engine that is idle is the acceptance of its drafts (the
-workload's), not the speed of plain decoding (the hardware's). (Openers explored to an idle pool
-engine were the only later turns of `bench conversations`' chats one at a time to leave their
-first turn's instance: docs/results/explore-keyed.)
+when it recovers. A backend that decodes speculatively (its drafts seen) is also tried on a
+clock, whatever the draw: by the first decision that may once it has gone `explore_after_s`
+unobserved and untried, then not again for as long. Its speed at a load changes unseen with the
+acceptance of its drafts, which is the workload's; plain decoding's is the hardware's. (At 2% of
+decisions alone, 4 users took 20-60 s to find an EAGLE engine whose drafts were accepted again:
+docs/results/explore-clock.) A request with a prefix others may come back to (an affinity key:
+a conversation's turn) explores only a backend that decodes speculatively, or one nothing is
+known of: its conversation's later turns either stay where it went or pay their history's
+prefill to leave. (Openers explored to an idle pool engine were the only later turns of `bench
+conversations`' chats one at a time to leave their first turn's instance:
+docs/results/explore-keyed.) `explore_rate` 0 turns both off.
 
 A pure function of (request, snapshot with its predictions, state, rng).
 """
@@ -55,7 +59,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import erf, log2
 from typing import NamedTuple
 
@@ -664,19 +668,36 @@ class Learned:
         else:
             reason = Reason.HEADROOM
         # One draw per decision whatever happens, so a seed replays the whole sequence.
-        if rng.random() < limits.explore_rate and not full:
+        drawn = rng.random() < limits.explore_rate
+        # (A request with a home goes home over an exploration: not the one to try with.)
+        if limits.explore_rate and not full and req.home is None:
             keyed = req.affinity is not None
+            now, after = snap.taken_at, limits.explore_after_s
             for k in keys[1:]:
                 i = k[-1]
                 if outlooks[i][4]:  # full
                     continue
                 b, pred = pool[i], preds[i]
-                if keyed and pred is not None and pred.acceptance is None:
-                    continue  # (plain decoding: see the module's docstring)
                 seen = None if pred is None else pred.observed_at
-                if seen is None or snap.taken_at - seen > limits.explore_after_s:
-                    ordered.remove(b)
-                    ordered.insert(0, b)
-                    reason = Reason.EXPLORE
-                    break
+                if seen is not None and now - seen <= after:
+                    continue
+                speculative = pred is not None and pred.acceptance is not None
+                if keyed and pred is not None and not speculative:
+                    continue  # (plain decoding: see the module's docstring)
+                if not drawn:
+                    # The clock (the module's docstring): a speculative engine seen before,
+                    # not tried for `after` either.
+                    if not speculative or seen is None:
+                        continue
+                    last = next((t for url, t in state.explored if url == b.url), None)
+                    if last is not None and now - last <= after:
+                        continue
+                ordered.remove(b)
+                ordered.insert(0, b)
+                reason = Reason.EXPLORE
+                # (What was tried longer ago than `after` is as good as never: dropped, so a
+                # pool whose backends come and go leaves no trail.)
+                tried = tuple(x for x in state.explored if x[0] != b.url and now - x[1] <= after)
+                state = replace(state, explored=(*tried, (b.url, now)))
+                break
         return Decision(tuple(ordered), reason, self.name, state)

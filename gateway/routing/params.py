@@ -95,7 +95,9 @@ class PolicyParams(BaseModel):
         description="learned: share of decisions that send the request first to a backend the"
         " latency model has not observed for explore_after_s, so it keeps learning there (a"
         " conversation's turn only to one that decodes speculatively, or that nothing is known"
-        " of).",
+        " of). A backend that decodes speculatively is also tried once per explore_after_s"
+        " while unobserved, whatever the draw (its speed changes unseen with its drafts'"
+        " acceptance). 0: no exploration.",
     )
     explore_after_s: float = Field(
         default=10.0,

@@ -241,6 +241,8 @@ class RouterState:
 
     latency_open: bool = True  # hysteresis: is the latency tier accepting work
     rr: int = 0  # round-robin position
+    # (backend URL, when the learned policy last explored it), for backends it explored.
+    explored: tuple[tuple[str, float], ...] = ()
 
     def __reduce__(self) -> tuple[type[Any], tuple[Any, ...]]:
         return rebuilt(self)

@@ -549,6 +549,68 @@ def test_a_conversations_turn_explores_only_where_speed_can_change_unseen(
     assert d.reason == why
 
 
+@pytest.mark.parametrize(
+    ("stale", "explored_ago", "home", "first", "why"),
+    [
+        # No draw (a rate so small that the seed's draw misses it): an engine that decodes
+        # speculatively, unobserved for explore_after_s, is tried by the next decision that may,
+        # then not again for as long.
+        ("speculative", None, None, {L0.url}, Reason.EXPLORE),
+        ("speculative", 15.0, None, {L0.url}, Reason.EXPLORE),
+        ("speculative", 5.0, None, {T0.url, T1.url}, Reason.PREDICTED_SLO_MET),
+        # A request with a home goes home over an exploration: it is not the one to try.
+        ("speculative", None, T0.url, {T0.url, T1.url}, Reason.PREDICTED_SLO_MET),
+        # Plain decoding's speed does not change unseen: only the draw tries it.
+        ("plain", None, None, {L0.url}, Reason.PREDICTED_SLO_MET),
+    ],
+)
+def test_an_unseen_speculative_engine_is_tried_on_a_clock_whatever_the_draw(
+    stale: str, explored_ago: float | None, home: str | None, first: set[str], why: str
+) -> None:
+    policy = build_policy("learned", PolicyParams(explore_rate=1e-9, explore_after_s=10))
+    old = NOW - 30
+    if stale == "plain":
+        curves = {L0.url: replace(eagle(), acceptance=0.6), T0.url: replace(awq(), observed_at=old),
+                  T1.url: replace(awq(), observed_at=old)}  # fmt: skip
+    else:
+        curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=old),
+                  T0.url: awq(), T1.url: awq()}  # fmt: skip
+    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
+                     curves)  # fmt: skip
+    state = RouterState()
+    if explored_ago is not None:
+        state = RouterState(explored=((L0.url, NOW - explored_ago),))
+    d = policy(RouteRequest(MODEL, slo=STANDARD, home=home), s, state, random.Random(0))
+    assert d.primary is not None
+    assert d.primary.url in first
+    assert d.reason == why
+    if why == Reason.EXPLORE:
+        assert dict(d.state.explored)[L0.url] == NOW
+    else:
+        assert d.state == state
+
+
+def test_no_exploration_at_a_rate_of_0_not_even_on_the_clock() -> None:
+    curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=NOW - 30),
+              T0.url: awq(), T1.url: awq()}  # fmt: skip
+    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
+                     curves)  # fmt: skip
+    d = LEARNED(RouteRequest(MODEL, slo=STANDARD), s, RouterState(), random.Random(0))
+    assert d.reason == Reason.PREDICTED_SLO_MET
+
+
+def test_what_was_tried_long_ago_is_forgotten_when_another_backend_is_tried() -> None:
+    policy = build_policy("learned", PolicyParams(explore_rate=1e-9, explore_after_s=10))
+    curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=NOW - 30),
+              T0.url: awq(), T1.url: awq()}  # fmt: skip
+    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
+                     curves)  # fmt: skip
+    state = RouterState(explored=(("http://gone:8000", NOW - 11), ("http://recent:8000", NOW - 2)))
+    d = policy(RouteRequest(MODEL, slo=STANDARD), s, state, random.Random(0))
+    assert d.reason == Reason.EXPLORE
+    assert d.state.explored == (("http://recent:8000", NOW - 2), (L0.url, NOW))
+
+
 def test_the_decision_is_a_pure_function_of_its_inputs() -> None:
     policy = build_policy("learned", PolicyParams())
     s = snapshot(load(10), load(3), load(3), observed=NOW - 60)
