@@ -515,6 +515,21 @@ def test_exploration_tries_a_backend_not_observed_lately() -> None:
     assert d.reason == Reason.PREDICTED_SLO_MET
 
 
+def unseen(stale: str) -> LoadSnapshot:
+    """Every backend idle, one side unobserved for 30 s: the pool (`plain`) beside a fresh EAGLE
+    engine, or (`speculative`) the EAGLE engine, after its drafts stopped being accepted, beside
+    a fresh pool."""
+    old = NOW - 30
+    if stale == "plain":
+        curves = {L0.url: replace(eagle(), acceptance=0.6), T0.url: replace(awq(), observed_at=old),
+                  T1.url: replace(awq(), observed_at=old)}  # fmt: skip
+    else:
+        curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=old),
+                  T0.url: awq(), T1.url: awq()}  # fmt: skip
+    return LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
+                        curves)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("stale", "keyed", "first", "why"),
     [
@@ -533,15 +548,7 @@ def test_a_conversations_turn_explores_only_where_speed_can_change_unseen(
     stale: str, keyed: bool, first: set[str], why: str
 ) -> None:
     policy = build_policy("learned", PolicyParams(explore_rate=1.0, explore_after_s=10))
-    old = NOW - 30
-    if stale == "plain":
-        curves = {L0.url: replace(eagle(), acceptance=0.6), T0.url: replace(awq(), observed_at=old),
-                  T1.url: replace(awq(), observed_at=old)}  # fmt: skip
-    else:
-        curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=old),
-                  T0.url: awq(), T1.url: awq()}  # fmt: skip
-    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
-                     curves)  # fmt: skip
+    s = unseen(stale)
     req = RouteRequest(MODEL, slo=STANDARD, affinity=7 if keyed else None)
     d = policy(req, s, RouterState(), random.Random(0))
     assert d.primary is not None
@@ -568,15 +575,7 @@ def test_an_unseen_speculative_engine_is_tried_on_a_clock_whatever_the_draw(
     stale: str, explored_ago: float | None, home: str | None, first: set[str], why: str
 ) -> None:
     policy = build_policy("learned", PolicyParams(explore_rate=1e-9, explore_after_s=10))
-    old = NOW - 30
-    if stale == "plain":
-        curves = {L0.url: replace(eagle(), acceptance=0.6), T0.url: replace(awq(), observed_at=old),
-                  T1.url: replace(awq(), observed_at=old)}  # fmt: skip
-    else:
-        curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=old),
-                  T0.url: awq(), T1.url: awq()}  # fmt: skip
-    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
-                     curves)  # fmt: skip
+    s = unseen(stale)
     state = RouterState()
     if explored_ago is not None:
         state = RouterState(explored=((L0.url, NOW - explored_ago),))
@@ -591,20 +590,14 @@ def test_an_unseen_speculative_engine_is_tried_on_a_clock_whatever_the_draw(
 
 
 def test_no_exploration_at_a_rate_of_0_not_even_on_the_clock() -> None:
-    curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=NOW - 30),
-              T0.url: awq(), T1.url: awq()}  # fmt: skip
-    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
-                     curves)  # fmt: skip
+    s = unseen("speculative")
     d = LEARNED(RouteRequest(MODEL, slo=STANDARD), s, RouterState(), random.Random(0))
     assert d.reason == Reason.PREDICTED_SLO_MET
 
 
 def test_what_was_tried_long_ago_is_forgotten_when_another_backend_is_tried() -> None:
     policy = build_policy("learned", PolicyParams(explore_rate=1e-9, explore_after_s=10))
-    curves = {L0.url: replace(eagle(tps=1.0), acceptance=0.0, observed_at=NOW - 30),
-              T0.url: awq(), T1.url: awq()}  # fmt: skip
-    s = LoadSnapshot((L0, T0, T1), {L0.url: load(0), T0.url: load(0), T1.url: load(0)}, NOW,
-                     curves)  # fmt: skip
+    s = unseen("speculative")
     state = RouterState(explored=(("http://gone:8000", NOW - 11), ("http://recent:8000", NOW - 2)))
     d = policy(RouteRequest(MODEL, slo=STANDARD), s, state, random.Random(0))
     assert d.reason == Reason.EXPLORE
