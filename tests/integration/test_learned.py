@@ -1,9 +1,11 @@
 """The learned policy over real sockets: the gateway learns the simulators' curves and their
-speculative acceptance, shows them, counts SLO outcomes, and follows an acceptance shift."""
+speculative acceptance, shows them, counts SLO outcomes, follows an acceptance shift and finds
+an acceptance that came back."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.routing.types import Reason
 from tests.integration.stack import MODEL, Stack, start_stack, wait_until
 from tests.integration.test_gateway import families, total
 
@@ -145,6 +148,78 @@ def test_an_acceptance_drop_is_seen_and_the_curve_moves(stack: Stack) -> None:
     assert after["curve"][1]["tpot_ms"] > 1.3 * before["curve"][1]["tpot_ms"]  # at 8 streams
     httpx.post(lat + "/sim/speculative", json={"scale": 1.0})
     time.sleep(0.1)
+
+
+def _to_latency(gw: str, *reasons: str) -> float:
+    """The gateway's routing decisions to the latency tier for any of `reasons`."""
+    fams = families(gw)
+    family = "tiergate_routing_decisions"
+    return sum(total(fams, family, family + "_total", tier="latency", reason=r) for r in reasons)
+
+
+def test_drafts_accepted_again_are_found_without_the_exploration_draw(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """EAGLE's drafts all rejected: the engine is slower than the pool, one request at a time
+    goes to the pool, and nothing more is observed there. Accepted again: with an exploration
+    rate too small ever to be drawn, the gateway tries the engine again once it has gone
+    `explore_after_s` unobserved (the clock for engines that decode speculatively), sees its
+    acceptance back, and sends it requests of its own choice again."""
+    s = start_stack(tmp_path_factory.mktemp("recovery"), latency=1, throughput=1, speedup=10,
+                    policy={"name": "learned", "explore_rate": 1e-9,
+                            "explore_after_s": 1.0})  # fmt: skip
+    try:
+        gw, lat = s.gateway.url, s.latency[0].url
+        for tier in ("latency", "throughput", "latency", "throughput"):
+            _wave(gw, 4, {"x-tiergate-tier": tier})
+
+        def chosen() -> float:
+            """Requests the policy itself sent to the latency tier (not pinned, not tried)."""
+            return _to_latency(gw, Reason.PREDICTED_SLO_MET, Reason.FRONTIER, Reason.HEADROOM)
+
+        assert httpx.post(lat + "/sim/speculative", json={"acceptance": [0.0] * 5}).is_success
+
+        def rejected() -> bool:
+            _wave(gw, 4, {"x-tiergate-tier": "latency"})
+            return bool(_models(gw)[lat]["tokens_per_step"] < 1.2)
+
+        wait_until(rejected, "the learned tokens per step near 1", timeout_s=30, every=0.2)
+
+        serial = itertools.count()
+
+        def one() -> None:
+            """A request of its own (a prompt not seen before: no home to go back to)."""
+            body = BODY | {"prompt": f"{BODY['prompt']} {next(serial)}"}
+            assert httpx.post(gw + "/v1/completions", json=body, timeout=60).is_success
+
+        def left() -> bool:
+            before = chosen()
+            for _ in range(4):
+                one()
+            return chosen() == before
+
+        wait_until(left, "four requests in a row the policy kept off the latency tier",
+                   timeout_s=30, every=0.1)  # fmt: skip
+        tried = _to_latency(gw, Reason.EXPLORE)
+
+        def tried_again() -> bool:
+            one()
+            return _to_latency(gw, Reason.EXPLORE) > tried
+
+        # Unobserved, the engine is tried on the clock (no draw at this rate ever would) ...
+        wait_until(tried_again, "the latency engine tried again", timeout_s=30, every=0.05)
+        assert httpx.post(lat + "/sim/speculative", json={"scale": 1.0}).is_success
+        before = chosen()
+
+        def back() -> bool:
+            one()
+            return chosen() > before and _models(gw)[lat]["tokens_per_step"] > 2.5
+
+        # ... so that once its drafts are accepted again, the policy finds it and uses it.
+        wait_until(back, "the policy sending requests to the latency tier again", timeout_s=30,
+                   every=0.05)  # fmt: skip
+    finally:
+        s.stop()
 
 
 def test_admission_works_on_predictions(tmp_path_factory: pytest.TempPathFactory) -> None:
