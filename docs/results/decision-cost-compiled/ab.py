@@ -16,14 +16,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 ARMS = {"compiled": "1", "source": "0"}
 SCENES = ("moving", "fixed", "cold")
 SIZES = ("3", "16")
+Cells = dict[str, dict[str, float]]  # per "scene/size", the bench's figures
 
 
-def one(arm: str, r: int, calls: int) -> dict[str, dict[str, float]]:
+def one(arm: str, r: int, calls: int) -> Cells:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "TIERGATE_COMPILED": ARMS[arm], "PAD": "x" * (r * 1037 % 4096)}
         cmd = [sys.executable, "-m", "tiergate", "bench", "decision-cost", "--policy", "learned",
@@ -33,26 +36,39 @@ def one(arm: str, r: int, calls: int) -> dict[str, dict[str, float]]:
     return {f"{s}/{n}": run[s]["policies"]["learned"][n] for s in SCENES for n in SIZES}
 
 
-def main(rounds: int, calls: int, out: str) -> None:
+def alternate(rounds: int, arms: Sequence[str], run: Callable[[str, int], Cells],
+              out: str) -> list[dict[str, Any]]:  # fmt: skip
+    """`run(arm, round)` for every arm in every round, the order alternating; every value
+    written to `out` and returned as rows."""
     rows = []
     for r in range(rounds):
-        for arm in list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]:
-            for cell, v in one(arm, r, calls).items():
+        for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+            for cell, v in run(arm, r).items():
                 rows.append({"round": r, "arm": arm, "cell": cell, **v})
             print(f"round {r + 1}/{rounds}: {arm} done", flush=True)
     Path(out).write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
+def report(rows: list[dict[str, Any]], arms: Sequence[str], top: str, bottom: str) -> None:
+    """Each cell's p50 and p99 per arm (median and rounds), and the ratio `top` / `bottom`."""
     print("cell            arm        p50 median (rounds)                 p99 median (rounds)")
     for cell in (f"{s}/{n}" for s in SCENES for n in SIZES):
         med = {}
-        for arm in ARMS:
+        for arm in arms:
             got = [x for x in rows if x["cell"] == cell and x["arm"] == arm]
             p50, p99 = [x["p50_us"] for x in got], [x["p99_us"] for x in got]
             med[arm] = statistics.median(p50), statistics.median(p99)
             each50, each99 = (" ".join(f"{v:.1f}" for v in vs) for vs in (p50, p99))
             print(f"{cell:15s} {arm:9s} {med[arm][0]:5.1f} ({each50})   {med[arm][1]:5.1f} "
                   f"({each99})  n={got[0]['samples']}")
-        print(f"{cell:15s} ratio     p50 {med['compiled'][0] / med['source'][0]:.2f}x"
-              f"   p99 {med['compiled'][1] / med['source'][1]:.2f}x")
+        print(f"{cell:15s} ratio     p50 {med[top][0] / med[bottom][0]:.2f}x"
+              f"   p99 {med[top][1] / med[bottom][1]:.2f}x")
+
+
+def main(rounds: int, calls: int, out: str) -> None:
+    rows = alternate(rounds, list(ARMS), lambda arm, r: one(arm, r, calls), out)
+    report(rows, list(ARMS), "compiled", "source")
 
 
 if __name__ == "__main__":
