@@ -30,6 +30,14 @@ tried once, as good as the best known one for a first stream, ranking after a kn
 equal gain (the latency tier first among unknowns): a cold start serves its first requests from
 the tier the operator called fast, and tries the others when there is a second request to spare.
 
+Past its frontier a replica's next stream is worth least just there: the streams it holds
+lose their certainty of the SLO first, then the doubt widens and the expected output rises
+again, so the next stream's gain is highest on the replica a burst has pushed furthest, and by
+it alone a burst piled onto one of a tier's like engines. Where the first choice is past its
+frontier, the replica of its tier (past its own) whose output grows most over the next few
+streams on average (`envelope`) goes first instead; across tiers the next stream's gain still
+decides (`_share_with_mates`).
+
 Several classes at once (open traffic): a request of a looser class does not take the room a
 tighter class in flight needs on a backend where that class is placed (before its knee and
 within its SLO), when another backend meets the request's SLO without loss
@@ -81,8 +89,9 @@ from gateway.routing.types import (
 )
 
 __all__ = [
-    "NOTHING", "RETOLD", "SHORTLIST", "Learned", "Outlook", "TighterClasses", "candidates",
-    "first_stream", "guard", "kept_for_tighter", "met", "most_streams", "outlook",
+    "NOTHING", "REACH", "RETOLD", "SHORTLIST", "Learned", "Outlook", "TighterClasses",
+    "candidates", "envelope", "first_stream", "guard", "kept_for_tighter", "met",
+    "most_streams", "outlook",
     "remember_limits", "remember_outlooks", "shortlist",
 ]  # fmt: skip
 
@@ -522,6 +531,84 @@ def _keep_for_tighter(
     return True
 
 
+# How many more streams `envelope` looks ahead: a few steps up to where the doubt past a
+# frontier has turned (a burst adds tens of streams before a scrape shows any).
+REACH = (2, 4, 8, 16)
+
+
+def envelope(pred: Prediction, load: BackendLoad, n: int, slo: Slo, gain: float) -> float:
+    """The most SLO-meeting output per second a stream of the request's class adds on average
+    over the next k streams (k = 1, `gain`, or one of `REACH`) on a backend with `n` streams
+    there (`load` for their SLOs): the slope of the backend's output, as the model expects it,
+    to its concave envelope."""
+    rows = pred.rows
+    if n + 1 >= len(rows):
+        return gain
+    slos, log_slo = load.slos, slo.log_tpot
+    mine = 0
+    for _, count in slos:
+        mine += count
+    others = n - mine if n > mine else 0  # (another replica's: the request's class)
+
+    def output(m: int, added: int) -> float:
+        tpot, _, o, z = rows[m]
+        total = (others + added) * (1.0 + erf((log_slo + o) * z))
+        for s, count in slos:
+            total += count * (1.0 + erf((log2(s) * _LN2 + o) * z))
+        return 0.5 * total / (tpot if tpot > _FLOOR else _FLOOR)
+
+    now = output(n, 0) if n else 0.0
+    best = gain
+    for k in REACH:
+        if n + k >= len(rows):
+            break
+        slope = (output(n + k, k) - now) / k
+        if slope > best:
+            best = slope
+    return best
+
+
+def _share_with_mates(
+    keys: list[tuple[int, float, float, int, bool, float, int]],
+    pool: Sequence[Backend],
+    outlooks: Sequence[tuple[float, float, float, float, bool, int, bool]],
+    preds: Sequence[Prediction | None],
+    context: tuple[Sequence[BackendLoad], Slo],
+) -> None:
+    """Where the first choice in `keys` (sorted, with room) is past its frontier, the backend of
+    its tier past its own frontier with the highest `envelope` goes first instead.
+
+    Past a frontier the output the model expects first dips (the streams there lose their
+    certainty of the SLO) and then rises again (the doubt widens both ways), so the next
+    stream's gain is highest on the replica that a burst has already pushed furthest: by it
+    alone, 46 of a burst's streams went to one of two like pool engines and 5 to the other,
+    where each met a 4 ms SLO up to about 20 (`bench routing-sim`'s `knee-32` burst with
+    conversations: docs/results/mate-past-frontier). Replicas of a tier are alike, and what
+    one more stream is worth on each is better read over the streams still to come. Across
+    tiers the next stream's gain still decides: there it is the difference between unlike
+    engines (read by the envelope too, bursts piled past their frontier onto an EAGLE engine
+    whose TPOT sits at a 12 ms SLO)."""
+    first = keys[0][-1]
+    known = preds[first]
+    if known is None or not known.frontier:
+        return  # a backend nothing is known of goes first to be tried, as it is
+    loads, slo = context
+    tier = pool[first].tier
+    best_pos, best = 0, -math.inf
+    for pos, k in enumerate(keys):
+        if k[0]:
+            break  # full from here on
+        i = k[-1]
+        pred, o = preds[i], outlooks[i]
+        if pool[i].tier != tier or not o[6] or pred is None or not pred.frontier:
+            continue
+        e = envelope(pred, loads[i], o[5], slo, o[3])
+        if e > best:
+            best_pos, best = pos, e
+    if best_pos:
+        keys.insert(0, keys.pop(best_pos))
+
+
 # A tier of more backends than this has only this many of them, drawn at random, evaluated per
 # decision (power of d choices: near the quality of evaluating all of them in a pool of alike
 # engines). An evaluation costs ~1-2 us; a decision over 16 backends must stay well under 40.
@@ -653,6 +740,9 @@ class Learned:
                 keys.append((0, -gain, tpot, n, b.role is not _LATENCY, draw(), i))
         keys.sort()
         kept = mixed and _keep_for_tighter(keys, outlooks, preds, loads, slo)
+        # (Where classes mix, the room kept for tighter ones orders the first choice instead.)
+        if not mixed and keys[0][0] == 0 and outlooks[keys[0][-1]][6]:
+            _share_with_mates(keys, pool, outlooks, preds, (loads, slo))
         ordered = [pool[k[-1]] for k in keys] + rest
         _, _, p, _, full, _, ahead = outlooks[keys[0][-1]]
         if full:

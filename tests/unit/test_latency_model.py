@@ -456,6 +456,23 @@ def test_a_tier_mate_narrows_the_guess_past_the_frontier(unlike: float) -> None:
         assert told.doubt[64] == pytest.approx(own.doubt[64], rel=0.2)
 
 
+@pytest.mark.parametrize("unlike", [0.0, 0.1, 2.0])
+def test_past_what_the_mate_has_seen_its_guess_is_not_counted_twice(unlike: float) -> None:
+    # Both guesses there are ridge priors, the mate's the better informed: the less doubtful
+    # one is taken, never a combination surer than either.
+    own, mate = _seen(3), _seen(8)
+    told = with_mate(own, mate, unlike)
+    ratio = own.tpot.table[3] / mate.tpot.table[3]
+    for n in (9, 16, 46, TABLE_MAX):
+        guess = math.hypot(mate.doubt[n], unlike * math.log(n / 3))
+        assert told.doubt[n] == pytest.approx(min(guess, own.doubt[n]))
+        taken = mate.tpot.table[n] * ratio if guess < own.doubt[n] else own.tpot.table[n]
+        # (a stranger's: its own guess; the curve only rises)
+        assert told.tpot.table[n] == pytest.approx(max(taken, told.tpot.table[n - 1]))
+    if unlike == 0.0:  # a replica: as sure, and as fast, far out as the mate scaled
+        assert told.doubt[46] == pytest.approx(mate.doubt[46])
+
+
 def test_an_unlike_mate_is_scaled_to_the_backends_own_level() -> None:
     def slower(n: float) -> float:
         return 1.5 * true_step(n)

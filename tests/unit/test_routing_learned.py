@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.backends.latency_model import UNKNOWN
+from gateway.backends.latency_model import UNKNOWN, beyond
 from gateway.routing import (
     Backend,
     BackendLoad,
@@ -22,9 +22,10 @@ from gateway.routing import (
     Slo,
     build_policy,
 )
-from gateway.routing.curves import KNOTS, Curve, Prediction
+from gateway.routing.curves import KNOTS, TABLE_MAX, Curve, Prediction
 from gateway.routing.filters import eligible, pinned
 from gateway.routing.learned import (
+    REACH,
     RETOLD,
     SHORTLIST,
     TIGHTER,
@@ -33,6 +34,7 @@ from gateway.routing.learned import (
     _any_between,
     _least_placed,
     candidates,
+    envelope,
     first_stream,
     guard,
     kept_for_tighter,
@@ -643,6 +645,73 @@ def test_alike_backends(t0: tuple[float, float], t1: tuple[float, float], first:
     s = LoadSnapshot((T0, T1), {T0.url: load(5), T1.url: load(1)}, NOW,
                      {T0.url: c0, T1.url: c1})  # fmt: skip
     assert decide(s)[0][0] == first.url  # type: ignore[attr-defined]
+
+
+def _seen_to(frontier: int, at: float = 0.0035, spread: float = 0.04) -> Prediction:
+    """A plain engine seen flat at `at` up to `frontier` streams, and past it the model's own
+    ridge prior (gateway.backends.latency_model.beyond): the doubt grows with the distance."""
+    table, doubt = beyond([at] * (TABLE_MAX + 1), frontier, float(frontier), 2048.0)
+    return Prediction(tpot=Curve.tabled(table), ttft=Curve.of(lambda n: 0.1), observed_at=NOW,
+                      frontier=frontier, spread=spread, doubt=tuple(doubt))  # fmt: skip
+
+
+FOUR_MS = Slo(ttft_s=1.0, tpot_s=0.004)
+
+
+@pytest.mark.parametrize("n", [0, 3, 4, 5, 8, 12, 30, 200])
+@pytest.mark.parametrize("pred", [_seen_to(3), _seen_to(16), awq()])
+def test_the_envelope_is_the_best_average_gain_over_the_next_streams(
+    n: int, pred: Prediction
+) -> None:
+    def output(m: int) -> float:  # every stream of the request's class (none of known SLO)
+        return m * met(FOUR_MS.log_tpot, m, pred) / pred.tpot.at(m) if m else 0.0
+
+    o = outlook(T0, load(inflight=n), pred, FOUR_MS, LEARNED.limits)
+    assert o.gain == pytest.approx(output(n + 1) - output(n), rel=1e-9, abs=1e-9)
+    expected = max([o.gain] + [(output(n + k) - output(n)) / k for k in REACH
+                               if n + k <= TABLE_MAX])  # fmt: skip
+    assert envelope(pred, load(inflight=n), n, FOUR_MS, o.gain) == pytest.approx(expected)
+
+
+def test_an_engine_seen_far_has_no_dip_to_look_past() -> None:
+    # Within its data a curve that only rises gives each stream less than the one before:
+    # the envelope there is the next stream's gain.
+    pred = awq()
+    for n in (1, 5, 20):
+        o = outlook(T0, load(inflight=n), pred, STANDARD, LEARNED.limits)
+        assert envelope(pred, load(inflight=n), n, STANDARD, o.gain) == pytest.approx(o.gain)
+
+
+def test_past_their_frontiers_a_burst_is_shared_among_a_tiers_replicas() -> None:
+    # Two like pool engines seen to 3 streams, a 4 ms class that each meets to about 20: by
+    # the next stream's gain alone the burst piled onto whichever had passed its dip.
+    pred = _seen_to(3)
+    inflight = {T0.url: 3, T1.url: 3}
+    for _ in range(40):
+        s = LoadSnapshot((T0, T1), {u: load(inflight=k) for u, k in inflight.items()}, NOW,
+                         {T0.url: pred, T1.url: pred})  # fmt: skip
+        order, why = decide(s, FOUR_MS)
+        assert why == Reason.FRONTIER
+        inflight[order[0]] += 1
+    assert abs(inflight[T0.url] - inflight[T1.url]) <= 2, inflight
+
+
+def test_across_tiers_the_next_streams_gain_still_decides() -> None:
+    # A latency engine in its dip past its frontier (6 streams), a pool engine past its own
+    # (20): unlike engines, so the one whose next stream adds most goes first, as before.
+    pred = _seen_to(3)
+    loads = (load(inflight=6), load(inflight=20))
+    gains = [outlook(T0, ld, pred, FOUR_MS, LEARNED.limits).gain for ld in loads]
+    assert gains[1] > gains[0]  # the pool engine's next stream adds more ...
+    assert envelope(pred, loads[0], 6, FOUR_MS, gains[0]) > envelope(pred, loads[1], 20,
+                                                                     FOUR_MS, gains[1])
+    s = LoadSnapshot((L0, T0), {L0.url: loads[0], T0.url: loads[1]}, NOW,
+                     {L0.url: pred, T0.url: pred})  # fmt: skip
+    assert decide(s, FOUR_MS)[0][0] == T0.url
+    # ... and as replicas of one tier, the one in its dip goes first (more over the next few).
+    s = LoadSnapshot((T1, T0), {T1.url: loads[0], T0.url: loads[1]}, NOW,
+                     {T1.url: pred, T0.url: pred})  # fmt: skip
+    assert decide(s, FOUR_MS)[0][0] == T1.url
 
 
 def test_where_nothing_is_to_be_gained_load_decides() -> None:
