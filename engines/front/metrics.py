@@ -10,6 +10,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                10.0, 20.0, 40.0, 80.0)  # fmt: skip
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+# vLLM's buckets for the tokens an engine step processed.
+ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+                     8192.0, 16384.0)  # fmt: skip
 # vLLM's buckets for token counts (1-2-5 steps up to the model's length).
 TOKEN_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
                  10000.0, 20000.0, 50000.0, 100000.0)  # fmt: skip
@@ -93,6 +96,12 @@ class EngineMetrics:
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             TOKEN_BUCKETS,
+        ).labels(**lv)
+        # One sample per engine step: the tokens it processed, decodes and prompts alike.
+        self.iteration_tokens = hist(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_BUCKETS,
         ).labels(**lv)
         self.decode = hist(
             "vllm:request_decode_time_seconds",

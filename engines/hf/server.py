@@ -159,11 +159,13 @@ class Engine:
         try:
             while (token := await job.queue.get()) is not None:
                 now = time.monotonic()
-                if first is None:
+                if first is None:  # one request at a time: a step is its prompt, then a token
                     first = now
                     m.ttft.observe(now - job.received)
+                    m.iteration_tokens.observe(len(job.prompt))
                 else:
                     m.itl.observe(now - last)
+                    m.iteration_tokens.observe(1)
                 last, n = now, n + 1
                 job.generated = n
                 # Counted as they come, as vLLM does per step: a router that watches this

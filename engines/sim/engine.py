@@ -132,6 +132,7 @@ class AsyncEngine:
             deadline += step.duration / self.speedup
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             end = loop.time()
+            self.metrics.iteration_tokens.observe(step.tokens)
             self._deliver(self.sched.commit(step, end), step.prefills, end)
             self.metrics.preemptions.inc(self.sched.preemptions - self._preemptions_seen)
             self._preemptions_seen = self.sched.preemptions

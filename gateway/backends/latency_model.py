@@ -55,6 +55,7 @@ __all__ = [
     "beyond",
     "fit_roofline",
     "isotonic",
+    "prompt_per_step",
     "with_mate",
 ]
 
@@ -454,6 +455,20 @@ class LogSpread:
         return math.sqrt(max(self.var, 0.0))
 
 
+def prompt_per_step(last: EngineSample, sample: EngineSample, n: float) -> float:
+    """The prompt tokens computed per engine step between two scrapes (both with `prefilled`
+    and inter-token counts), `n` the streams running on average: over the engine's own count
+    of its steps where it gives one; else over the inter-token samples, one per stream
+    decoding in a step, as if all `n` were. (That guess overstates it where streams were
+    prefilling, not decoding: the interval that a burst of chats began in, 5 streams decoding
+    and 17 prefilling, read 333 prompt tokens a step where its 8 steps took 123 each.)"""
+    tokens = max(0.0, (sample.prefilled or 0.0) - (last.prefilled or 0.0))
+    if sample.steps is not None and last.steps is not None and sample.steps > last.steps:
+        return tokens / (sample.steps - last.steps)
+    samples = (sample.itl_count or 0.0) - (last.itl_count or 0.0)
+    return tokens * n / samples if samples > 0 else 0.0
+
+
 def _steady(last: EngineSample, sample: EngineSample) -> bool:
     """Whether the interval's inter-token samples were taken at about the load the two scrapes
     show, by this gateway's leases: their count weighted by itself (a step with n streams gives
@@ -493,6 +508,8 @@ class EngineSample:
     # The requests prefilled, cumulative: their prefill times' sum, their prompt tokens
     # computed, and how many; None where the engine does not say.
     prefill: tuple[float, float, float] | None = None
+    # The engine's steps, cumulative; None where the engine does not say.
+    steps: float | None = None
 
 
 class BackendModel:
@@ -553,8 +570,7 @@ class BackendModel:
             return
         n = (sample.running + last.running) / 2
         if sample.prefilled is not None and last.prefilled is not None:
-            # Per step: a step gives one inter-token sample per stream decoding in it.
-            per_step = max(0.0, sample.prefilled - last.prefilled) * n / steps
+            per_step = prompt_per_step(last, sample, n)
             self.prefill.learn(n, per_step, step_s)
             if per_step and steps < n:
                 # Fewer inter-token samples than streams: most of them were prefilling, not

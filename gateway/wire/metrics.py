@@ -74,6 +74,9 @@ class EngineStats:
     prefill_time_sum: float | None = None
     prefill_time_count: float | None = None
     prefill_computed_sum: float | None = None
+    # Engine steps (iterations), cumulative: `vllm:iteration_tokens_total`'s count, one per
+    # step whatever it processed; what an interval's prompt tokens are spread over.
+    steps: float | None = None
 
     @property
     def spec_acceptance_rate(self) -> float | None:
@@ -105,7 +108,7 @@ _SUMMED = frozenset({"running", "waiting", "success"})
 _FULLEST = frozenset({"kv", "kv_old"})
 _OPTIONAL = frozenset({"drafts", "draft_tokens", "accepted", "generation", "itl_sum", "itl_count",
                        "itl_sum_old", "itl_count_old", "prompt", "prefix_hits", "prefill_sum",
-                       "prefill_count", "prefill_computed"})  # fmt: skip
+                       "prefill_count", "prefill_computed", "steps"})  # fmt: skip
 SLOTS = _SUMMED | _FULLEST | _OPTIONAL
 
 
@@ -175,6 +178,7 @@ class _Acc:
         "prefix_hits",
         "prompt",
         "running",
+        "steps",
         "success",
         "waiting",
     )
@@ -198,6 +202,7 @@ class _Acc:
         self.prefill_sum: float | None = None
         self.prefill_count: float | None = None
         self.prefill_computed: float | None = None
+        self.steps: float | None = None
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -217,6 +222,7 @@ class _Acc:
             prefill_time_sum=self.prefill_sum,
             prefill_time_count=self.prefill_count,
             prefill_computed_sum=self.prefill_computed,
+            steps=self.steps,
         )
 
 
@@ -237,7 +243,7 @@ def collect(text: str, series: Mapping[str, str], model_label: str) -> dict[str,
     series read to the slot it feeds (one of SLOTS: `running`, `waiting`, `success`, `kv`,
     `kv_old`, `drafts`, `draft_tokens`, `accepted`, `generation`, `itl_sum`, `itl_count`,
     `itl_sum_old`, `itl_count_old`, `prompt`, `prefix_hits`, `prefill_sum`, `prefill_count`,
-    `prefill_computed`).
+    `prefill_computed`, `steps`).
 
     Raises :class:`MetricsParseError` when a line is not valid exposition text.
     """

@@ -197,6 +197,7 @@ class SimEngine:
     # Counters, cumulative.
     itl_sum: float = 0.0
     itl_count: int = 0
+    steps: int = 0  # the engine's steps (`vllm:iteration_tokens_total`'s count)
     generated: int = 0
     finished: int = 0
     # Of the sequences prefilled: their prompts whole, and the tokens of them found cached,
@@ -222,7 +223,7 @@ class SimEngine:
             itl_sum=self.itl_sum, itl_count=self.itl_count,
             prompt_tokens=self.prompt_tokens, prefix_hit_tokens=self.prefix_hits,
             prefill_time_sum=self.prefill_sum, prefill_time_count=self.prefill_count,
-            prefill_computed_sum=self.prefill_computed,
+            prefill_computed_sum=self.prefill_computed, steps=self.steps,
         )}  # fmt: skip
 
 
@@ -237,6 +238,7 @@ def commit_step(e: SimEngine, step: Any, now: float, requests: Mapping[Sequence,
     """A step of engine `e` ends at `now`: the engine's counters, and the timings of each
     request of `requests` it emitted for; returns those it finished, in the engine's order."""
     e.stepping = False
+    e.steps += 1
     finished = []
     e.prompt_tokens += sum(seq.prompt_tokens for seq in step.prefills)
     e.prefix_hits = e.sched.prefix_hits

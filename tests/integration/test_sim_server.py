@@ -59,15 +59,21 @@ BODY = {"model": MODEL, "prompt": "one two three four five", "max_tokens": 12, "
 def test_metrics_page_gives_the_series_a_scraper_names(v3: SimProcess) -> None:
     """As vLLM's page (prometheus_client's ASGI app): `name[]` keeps only the samples named,
     which is how the gateway scrapes a vLLM kind of engine (METRICS_QUERY); without it, all."""
+    before = parse_vllm_metrics(httpx.get(f"{v3.url}/metrics?{METRICS_QUERY}").text)
     httpx.post(v3.url + "/v1/completions", json=BODY)
     whole = httpx.get(v3.url + "/metrics").text
     part = httpx.get(f"{v3.url}/metrics?{METRICS_QUERY}").text
     names = {s.name for f in text_string_to_metric_families(part) for s in f.samples}
     assert names <= set(SERIES)
     assert {"vllm:num_requests_running", "vllm:inter_token_latency_seconds_sum",
-            "vllm:prompt_tokens_total"} <= names  # fmt: skip
+            "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count"} <= names  # fmt: skip
     assert len(part) * 5 < len(whole)
     assert parse_vllm_metrics(part) == parse_vllm_metrics(whole)
+    # A step for the prompt and its first token, one for each token after it (no drafts).
+    steps = parse_vllm_metrics(part)[MODEL].steps
+    earlier = before[MODEL].steps if MODEL in before else 0.0
+    assert steps is not None
+    assert steps - (earlier or 0.0) == BODY["max_tokens"]
 
 
 def test_completion_fields(v3: SimProcess) -> None:

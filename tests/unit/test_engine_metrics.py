@@ -28,6 +28,7 @@ ITL_BUCKETS = _floats(
 REQ_BUCKETS = _floats("""0.3 0.5 0.8 1.0 1.5 2.0 2.5 5.0 10 15 20 30 40 50 60 120 240 480 960
     1920 7680""")
 TOKEN_BUCKETS = _floats("1 2 5 10 20 50 100 200 500 1000 2000 4096")
+ITERATION_BUCKETS = _floats("1 8 16 32 64 128 256 512 1024 2048 4096 8192 16384")
 
 # What the python/process/http collectors add to a real vLLM page: noise the parser must skip.
 PROCESS_NOISE = """\
@@ -117,6 +118,7 @@ def vllm_page(
             ("vllm:request_prompt_tokens", TOKEN_BUCKETS),
             ("vllm:request_prefill_kv_computed_tokens", TOKEN_BUCKETS),
             ("vllm:request_generation_tokens", TOKEN_BUCKETS),
+            ("vllm:iteration_tokens_total", ITERATION_BUCKETS),
         ]
     ]
     if spec:
@@ -214,6 +216,7 @@ def reference_parse(text: str) -> dict[str, dict[str, float]]:
         "vllm:request_prefill_time_seconds_sum": "prefill_time_sum",
         "vllm:request_prefill_time_seconds_count": "prefill_time_count",
         "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed_sum",
+        "vllm:iteration_tokens_total_count": "steps",
     }
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -261,6 +264,7 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 prefill_time_sum=pytest.approx(10.934),
                 prefill_time_count=5,
                 prefill_computed_sum=pytest.approx(10.934),
+                steps=5,
             ),
             id="one-engine-eagle",
         ),
@@ -284,6 +288,7 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 prefill_time_sum=pytest.approx(21.868),
                 prefill_time_count=10,
                 prefill_computed_sum=pytest.approx(21.868),
+                steps=10,
             ),
             id="two-engines-summed-kv-fullest",
         ),
@@ -295,7 +300,7 @@ def test_realistic_page_is_at_least_20_kb() -> None:
                 running=7, waiting=2, kv_usage=0.375, success_total=143, generation_tokens=256_000,
                 itl_sum=pytest.approx(10.934), itl_count=5, prompt_tokens=50_000,
                 prefix_hit_tokens=30_000, prefill_time_sum=pytest.approx(10.934),
-                prefill_time_count=5, prefill_computed_sum=pytest.approx(10.934),
+                prefill_time_count=5, prefill_computed_sum=pytest.approx(10.934), steps=5,
             ),
             id="old-kv-name-no-spec",
         ),

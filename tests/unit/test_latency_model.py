@@ -22,6 +22,7 @@ from gateway.backends.latency_model import (
     beyond,
     fit_roofline,
     isotonic,
+    prompt_per_step,
     with_mate,
 )
 from gateway.routing.curves import TABLE_MAX, Curve, Prediction
@@ -691,3 +692,49 @@ def test_an_interval_whose_streams_were_mostly_prefilling_teaches_no_decode_step
     m.observe_engine(EngineSample(running=30, itl_sum=0.121 * samples, itl_count=samples,
                                   prefilled=prefilled), 0.25)  # fmt: skip
     assert (sum(m.tpot.seen) > 0) is learned
+
+
+@pytest.mark.parametrize(
+    ("case", "last", "now", "running", "per_step"),
+    [
+        # The engine counts its steps: 986 prompt tokens over its 8 steps, whatever ran.
+        ("steps counted", EngineSample(running=5, itl_count=0, prefilled=0, steps=100),
+         EngineSample(running=22, itl_count=40, prefilled=986, steps=108), 13.5, 986 / 8),
+        # It does not: one inter-token sample per stream decoding in a step, as if all were.
+        ("steps not counted", EngineSample(running=5, itl_count=0, prefilled=0),
+         EngineSample(running=22, itl_count=40, prefilled=986), 13.5, 986 * 13.5 / 40),
+        # Counted at one scrape only (an engine restarted, or its page changed): the guess.
+        ("steps at one end", EngineSample(running=5, itl_count=0, prefilled=0),
+         EngineSample(running=5, itl_count=50, prefilled=100, steps=10), 5.0, 100 * 5 / 50),
+        ("no step between", EngineSample(running=5, itl_count=0, prefilled=0, steps=10),
+         EngineSample(running=5, itl_count=50, prefilled=100, steps=10), 5.0, 100 * 5 / 50),
+        ("nothing prefilled", EngineSample(running=5, itl_count=0, prefilled=300, steps=10),
+         EngineSample(running=5, itl_count=50, prefilled=300, steps=20), 5.0, 0.0),
+    ],
+)
+def test_the_prompt_tokens_of_a_step(
+    case: str, last: EngineSample, now: EngineSample, running: float, per_step: float
+) -> None:
+    assert prompt_per_step(last, now, running) == pytest.approx(per_step), case
+
+
+def test_an_interval_a_burst_began_in_is_read_less_the_prefill_of_its_own_steps() -> None:
+    """5 streams decoding at 20 ms a step, 17 more admitted and prefilled over 8 steps (986
+    prompt tokens): read over the engine's steps, the decode step is what is left; guessed
+    from the streams running at the two scrapes, three times the prefill would come off."""
+    for steps, floor in ((True, False), (False, True)):  # counted; guessed (floored)
+        m = model()
+        m.prefill.sxx, m.prefill.sxy = 1.0, PREFILL_S  # the cost per prompt token, learned
+        decode = 0.020
+        step_s = decode + PREFILL_S * 986 / 8
+        first, then = (100, 108) if steps else (None, None)
+        m.observe_engine(EngineSample(running=5, itl_sum=0.0, itl_count=0, prefilled=0,
+                                      steps=first), 0.0)  # fmt: skip
+        m.observe_engine(EngineSample(running=22, itl_sum=40 * step_s, itl_count=40,
+                                      prefilled=986, steps=then), 0.25)  # fmt: skip
+        read = [v for _, v in m.tpot.points()]
+        assert read
+        if floor:
+            assert read[0] < 0.5 * decode
+        else:
+            assert read[0] == pytest.approx(decode, rel=1e-6)

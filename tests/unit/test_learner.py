@@ -192,3 +192,12 @@ def test_the_prefill_cost_learned_is_shown_per_backend() -> None:
     assert view is not None
     assert view.prefill_ms_per_1k_tokens == pytest.approx(100, rel=0.01)
     assert learner.registry.curves[POOL[0]].tpot.at(10) == pytest.approx(0.02, rel=0.01)
+
+
+def test_an_engines_steps_are_summed_only_where_every_model_counts_them() -> None:
+    """vLLM counts its steps per model (`vllm:iteration_tokens_total`); where one model of an
+    engine says nothing, the steps of the others would be too few for all of its prompts."""
+    stats = {"a": EngineStats(running=2, steps=100), "b": EngineStats(running=1, steps=40)}
+    assert engine_sample(stats).steps == 140
+    assert engine_sample({**stats, "c": EngineStats(running=1)}).steps is None
+    assert engine_sample({}).steps is None

@@ -35,6 +35,7 @@ SERIES: Mapping[str, str] = MappingProxyType({
     "vllm:request_prefill_time_seconds_sum": "prefill_sum",
     "vllm:request_prefill_time_seconds_count": "prefill_count",
     "vllm:request_prefill_kv_computed_tokens_sum": "prefill_computed",  # (vLLM #30189)
+    "vllm:iteration_tokens_total_count": "steps",  # a histogram, one sample per engine step
 })  # fmt: skip
 
 
