@@ -6,7 +6,10 @@ latency tier) and two v3 (the throughput pool), prefix caching on, at `--speedup
 time, as `tiergate up` runs them), behind one gateway with its defaults. Each chat: a long
 system prompt shared by every chat, then `turns` user turns, each resending the history with the
 answers so far (non-streamed `/v1/chat/completions`, as the OpenAI SDK sends them). First
-`solo` chats one after another, then `crowd` chats at once.
+`solo` chats one after another, then `crowd` chats at once. With `warm`, first that many one-off
+chats at once, each with a system prompt of its own (nothing of them repeats): every instance is
+then known to the gateway's latency model before the chats begin, as after a mix of traffic,
+where otherwise the solo chats (which stay where they began) leave the pool unseen.
 
 Arms: `tiergate` (the defaults: prefix affinity on) and `no-affinity`
 (`policy.prefix_affinity: false`: the policy alone). Per arm and phase: the later turns served
@@ -67,6 +70,7 @@ TPOT = "vllm:request_time_per_output_token_seconds"
 class Options(OutputPaths):
     solo: int = 12
     crowd: int = 32
+    warm: int = 0  # one-off chats at once before the phases (0: none)
     turns: int = 3
     max_tokens: int = 24
     rounds: int = 3
@@ -103,6 +107,16 @@ async def converse(session: aiohttp.ClientSession, url: str, name: str, opts: Op
         chat.cached.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
     return chat
+
+
+async def _one_off(session: aiohttp.ClientSession, url: str, i: int, opts: Options) -> None:
+    """A chat of one turn whose system prompt no other request shares."""
+    messages = [{"role": "system", "content": f"warm-up {i}: " + SYSTEM},
+                {"role": "user", "content": f"one-off question {i} " * 6}]  # fmt: skip
+    body = {"model": MODEL, "messages": messages, "max_tokens": opts.max_tokens}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        await resp.read()
 
 
 def measure(chats: Sequence[Chat]) -> dict[str, Any]:
@@ -194,6 +208,10 @@ async def _phase(session: aiohttp.ClientSession, gateway: str, engines: Sequence
 
 async def _phases(url: str, engines: Sequence[str], opts: Options) -> dict[str, dict[str, Any]]:
     timeout = aiohttp.ClientTimeout(total=120)
+    if opts.warm:  # (on connections of their own, closed before the chats' are opened: one
+        # left idle past the server's keep-alive and then reused may be reset under a request)
+        async with aiohttp.ClientSession(timeout=timeout) as warm:
+            await asyncio.gather(*(_one_off(warm, url, i, opts) for i in range(opts.warm)))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async with session.get(f"{url}/state") as resp:
             slo_s = (await resp.json())["slo_tpot_ms"] / 1000
@@ -355,7 +373,9 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         f"- Chats: a ~320-word system prompt shared by all, {s['turns']} user turns each "
         f"resending the history, replies of up to {s['max_tokens']} tokens, non-streamed "
         f"`/v1/chat/completions`. `solo`: {s['solo']} chats one after another; `crowd`: then "
-        f"{s['crowd']} at once. {s['rounds']} rounds, the arms' order rotating.",
+        f"{s['crowd']} at once. {s['rounds']} rounds, the arms' order rotating."
+        + (f" Before them, {s['warm']} one-off chats at once, each with a system prompt of its "
+           "own (`--warm`)." if s.get("warm") else ""),
         f"- Arms: `{DEFAULTS}` (the gateway's defaults: prefix affinity on), `{OFF}` "
         "(`policy.prefix_affinity: false`).",
         "- As the engines saw each phase: the requests they finished meanwhile and those whose "
@@ -405,6 +425,10 @@ def chart(saved: JsonReport, path: Path) -> None:
 def command(
     solo: Annotated[int, typer.Option(min=1, help="Chats one after another.")] = 12,
     crowd: Annotated[int, typer.Option(min=2, help="Chats at once, after them.")] = 32,
+    warm: Annotated[int, typer.Option(
+        min=0, help="One-off chats sent at once before them, each with a system prompt of its "
+        "own: every instance known to the gateway's latency model when the chats begin, as "
+        "after a mix of traffic (0: none).")] = 0,
     turns: Annotated[int, typer.Option(min=2, help="User turns per chat.")] = 3,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds (the arms' order rotates).")] = 3,
     speedup: Annotated[
@@ -419,4 +443,5 @@ def command(
     chat at a time and many at once, with the gateway's defaults and with prefix affinity off.
     Goal: >= 95% in both phases with the defaults, the crowd on more than one instance."""
     setup_logging("warning")
-    run(Options(solo=solo, crowd=crowd, turns=turns, rounds=rounds, speedup=speedup, out=out))
+    run(Options(solo=solo, crowd=crowd, warm=warm, turns=turns, rounds=rounds, speedup=speedup,
+                out=out))

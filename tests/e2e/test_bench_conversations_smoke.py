@@ -49,3 +49,16 @@ def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
     assert "## Each round's share at home" in md
     assert "## Each round as the engines saw it" in md
     assert "## What prefix affinity did with the requests that had a home" in md
+
+
+def test_one_off_chats_before_the_phases_are_not_counted_in_them(tmp_path: Path) -> None:
+    """`--warm`: one-off chats at once before the chats, served, and counted in no phase."""
+    opts = Options(solo=1, crowd=2, warm=4, turns=2, rounds=1, speedup=10,
+                   out=tmp_path / "conversations.json", chart=False,
+                   command="tiergate bench conversations --warm 4 (test)")  # fmt: skip
+    report = run(opts, Console(width=200))
+    for by in report["arms"].values():
+        assert by["solo"]["served_rounds"] == [1 * 2]
+        assert by["crowd"]["served_rounds"] == [2 * 2]
+    assert report["settings"]["warm"] == 4
+    assert "4 one-off chats at once" in (tmp_path / "conversations.md").read_text()
