@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -91,10 +91,11 @@ class Chat:
         return sum(b == self.backends[0] for b in self.backends[1:])
 
 
-async def converse(session: aiohttp.ClientSession, url: str, name: str, opts: Options) -> Chat:
+async def converse(session: aiohttp.ClientSession, url: str, name: str, opts: Options,
+                   system: str = SYSTEM) -> Chat:  # fmt: skip
     """One chat of `opts.turns` turns, each resending the history."""
     chat = Chat()
-    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     for turn in range(opts.turns):
         messages.append({"role": "user", "content": f"{name} asks question {turn} " * 6})
         body = {"model": MODEL, "messages": messages, "max_tokens": opts.max_tokens}
@@ -107,16 +108,6 @@ async def converse(session: aiohttp.ClientSession, url: str, name: str, opts: Op
         chat.cached.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
     return chat
-
-
-async def _one_off(session: aiohttp.ClientSession, url: str, i: int, opts: Options) -> None:
-    """A chat of one turn whose system prompt no other request shares."""
-    messages = [{"role": "system", "content": f"warm-up {i}: " + SYSTEM},
-                {"role": "user", "content": f"one-off question {i} " * 6}]  # fmt: skip
-    body = {"model": MODEL, "messages": messages, "max_tokens": opts.max_tokens}
-    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        await resp.read()
 
 
 def measure(chats: Sequence[Chat]) -> dict[str, Any]:
@@ -210,8 +201,11 @@ async def _phases(url: str, engines: Sequence[str], opts: Options) -> dict[str, 
     timeout = aiohttp.ClientTimeout(total=120)
     if opts.warm:  # (on connections of their own, closed before the chats' are opened: one
         # left idle past the server's keep-alive and then reused may be reset under a request)
+        one_off = replace(opts, turns=1)  # each with a system prompt no other request shares
         async with aiohttp.ClientSession(timeout=timeout) as warm:
-            await asyncio.gather(*(_one_off(warm, url, i, opts) for i in range(opts.warm)))
+            await asyncio.gather(*(converse(warm, url, f"warm-{i}", one_off,
+                                            f"warm-up {i}: {SYSTEM}")
+                                   for i in range(opts.warm)))  # fmt: skip
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async with session.get(f"{url}/state") as resp:
             slo_s = (await resp.json())["slo_tpot_ms"] / 1000

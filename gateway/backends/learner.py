@@ -67,8 +67,8 @@ def engine_sample(
                  sum(x.prefill_time_count or 0.0 for x in prefill)) if prefill else None,
         # (Where some of its models say and some do not, as if none did: the steps of those
         # that do would be too few for all of its prompts.)
-        steps=sum(x.steps for x in s if x.steps is not None)
-        if s and all(x.steps is not None for x in s) else None,
+        steps=sum(x.steps or 0.0 for x in s) if s and all(x.steps is not None for x in s)
+        else None,
     )  # fmt: skip
 
 
