@@ -159,7 +159,8 @@ async def _tallies(session: aiohttp.ClientSession, engines: Sequence[str], slo_s
 
 
 async def _outcomes(session: aiohttp.ClientSession, gateway: str) -> Counter[str]:
-    """The gateway's count of what prefix affinity did, by outcome (its /metrics)."""
+    """The gateway's count of what prefix affinity did, by outcome and by the tier each
+    request was sent to first ("give_way latency"), from its /metrics."""
     async with session.get(f"{gateway}/metrics") as resp:
         text = await resp.text()
     out: Counter[str] = Counter()
@@ -167,8 +168,24 @@ async def _outcomes(session: aiohttp.ClientSession, gateway: str) -> Counter[str
         if family.name == "tiergate_affinity_decisions":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
-                    out[sample.labels["outcome"]] += int(sample.value)
+                    out[f"{sample.labels['outcome']} {sample.labels['tier']}"] += int(sample.value)
     return out
+
+
+def by_outcome(counts: Counter[str]) -> dict[str, int]:
+    """`_outcomes`' counts summed over the tiers."""
+    out: Counter[str] = Counter()
+    for key, n in counts.items():
+        out[key.split(" ", 1)[0]] += n
+    return dict(out)
+
+
+def moves(counts: Counter[str]) -> dict[str, int]:
+    """`_outcomes`' counts of the requests sent elsewhere than their home or their session's
+    backend, by check and by the tier they went to ("give_way -> latency")."""
+    stayed = (Stay.HOME.value, Stay.SESSION.value)
+    return {k.replace(" ", " -> "): n for k, n in sorted(counts.items())
+            if n and k.split(" ", 1)[0] not in stayed}  # fmt: skip
 
 
 async def _phase(session: aiohttp.ClientSession, gateway: str, engines: Sequence[str],
@@ -184,7 +201,7 @@ async def _phase(session: aiohttp.ClientSession, gateway: str, engines: Sequence
     done = await chats
     seconds = time.perf_counter() - started
     after = await _tallies(session, engines, slo_s)
-    affinity = await _outcomes(session, gateway) - stays
+    outcomes = await _outcomes(session, gateway) - stays
     diffs = [(s1 - s0, w1 - w0, t1 - t0)
              for (s0, w0, t0), (s1, w1, t1) in zip(before, after, strict=True)]  # fmt: skip
     return measure(done) | {
@@ -193,7 +210,8 @@ async def _phase(session: aiohttp.ClientSession, gateway: str, engines: Sequence
                     for n, w, t in diffs],
         "served": sum(n for n, _, _ in diffs),
         "within_slo": sum(w for _, w, _ in diffs),
-        "affinity": dict(affinity),
+        "affinity": by_outcome(outcomes),
+        "moves": moves(outcomes),
     }  # fmt: skip
 
 
@@ -255,6 +273,7 @@ def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any
                 "served_rounds": [c["served"] for c in cells],
                 "seconds_rounds": [c["seconds"] for c in cells],
                 "affinity": dict(sum((Counter(c["affinity"]) for c in cells), Counter())),
+                "moves": dict(sum((Counter(c.get("moves", {})) for c in cells), Counter())),
             }
     return out
 
@@ -336,6 +355,9 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     outcomes = [o.value for o in Stay if o.value in seen]
     stays = [[a, p, *(str(f["affinity"].get(o, 0)) for o in outcomes)]
              for a, by in arms.items() for p, f in by.items()]  # fmt: skip
+    went = sorted({k for by in arms.values() for f in by.values() for k in f.get("moves", {})})
+    where = [[a, p, *(str(f["moves"].get(k, 0)) for k in went)]
+             for a, by in arms.items() for p, f in by.items()]  # fmt: skip
     return [
         ("Goals", ["goal", "measured", "verdict"], goals),
         ("Later turns on their first turn's instance (rounds pooled)", head, rows),
@@ -346,6 +368,8 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
           "seconds"], engines),
         *([("What prefix affinity did with the requests that had a home (rounds pooled)",
             ["arm", "phase", *outcomes], stays)] if outcomes else []),
+        *([("The requests sent elsewhere than their home: by check, and the tier they went to",
+            ["arm", "phase", *went], where)] if went else []),
     ]  # fmt: skip
 
 
@@ -379,7 +403,8 @@ def markdown(saved: JsonReport, chart_file: Path | None) -> str:
         "- What prefix affinity did: the gateway's `tiergate_affinity_decisions_total` over each "
         "phase, for every request that had a home (the instance that served its chat's last "
         "turn): `home` where it went back there, else the check that sent it elsewhere "
-        "(docs/routing.md). A turn that moved makes the instance it went to the next turn's home.",
+        "(docs/routing.md), and for the others the tier they went to first. A turn that moved "
+        "makes the instance it went to the next turn's home.",
     ]
     chart = None if chart_file is None else (chart_file, "share of later turns at home")
     return finish_markdown(parts, report["notes"], tables(report), chart)

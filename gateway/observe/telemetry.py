@@ -137,8 +137,10 @@ class Telemetry:
             "Requests with a home (a conversation's earlier turn, a repeated prefix) or a declared"
             " session, by what prefix affinity did: home or session (served first at its home,"
             " or its own backend), else the check that sent it elsewhere (gone, policy,"
-            " saturated, queue, full, miss, unknown, give_way, past_knee).",
-            ("outcome",),
+            " saturated, queue, full, miss, unknown, give_way, past_knee), and the tier it was"
+            " sent to first (where a move went: a pool conversation coming up to the latency"
+            " tier, or one leaving it).",
+            ("outcome", "tier"),
             registry=r,
         )
         self.retries = Counter(

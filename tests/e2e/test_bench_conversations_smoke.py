@@ -42,7 +42,13 @@ def test_a_short_run_counts_every_later_turn(tmp_path: Path) -> None:
     assert solo["cached_share_median"] > 0.5
     # ... each went home by the gateway's own count; affinity off asks it nothing.
     assert solo["affinity"] == {"home": solo["later_turns"]}
-    assert all(not f["affinity"] for f in arms[OFF].values())
+    assert solo["moves"] == {}
+    assert all(not f["affinity"] and not f["moves"] for f in arms[OFF].values())
+    # Every turn sent elsewhere than its home is counted with the tier it went to.
+    for f in arms[DEFAULTS].values():
+        assert sum(f["moves"].values()) == sum(n for o, n in f["affinity"].items()
+                                               if o not in ("home", "session"))  # fmt: skip
+        assert all(k.split(" -> ")[1] in ("latency", "throughput") for k in f["moves"])
     assert report["verdicts"][0]["result"] == "MET"  # the solo phase's goal
     assert json.loads((tmp_path / "conversations.json").read_text()) == report
     md = (tmp_path / "conversations.md").read_text()

@@ -50,7 +50,8 @@ def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
             }  # fmt: skip
             assert len(seen) == 1, (session, seen)
     # Each session's first request to its own backend, the three after it home.
-    assert affinity_outcomes(stack) - stays == Counter({"session": 4, "home": 4 * 3})
+    assert affinity_outcomes(stack) - stays == Counter({"session throughput": 4,
+                                                       "home throughput": 4 * 3})  # fmt: skip
 
 
 def _burst(stack: Stack, prompt: str, headers: dict[str, str]) -> Counter[str]:
@@ -108,15 +109,17 @@ def test_affinity_brings_prefix_cache_hits(stack: Stack) -> None:
                 assert r.status_code == 200
     # Turns 2 and 3 of each conversation hit at least their first turn's ~180 tokens.
     assert hits() - before >= 6 * 2 * 160
-    # ... and the gateway says so: each of them went home; the first turns had none.
-    assert affinity_outcomes(stack) - stays == Counter({"home": 6 * 2})
+    # ... and the gateway says so: each of them went home, in the pool; the first turns had none.
+    assert affinity_outcomes(stack) - stays == Counter({"home throughput": 6 * 2})
 
 
 def affinity_outcomes(stack: Stack) -> Counter[str]:
-    """The gateway's count of what prefix affinity did, by outcome."""
+    """The gateway's count of what prefix affinity did, by outcome and the tier the request
+    went to first ("home throughput")."""
     out: Counter[str] = Counter()
     for line in httpx.get(stack.gateway.url + "/metrics").text.splitlines():
         if line.startswith("tiergate_affinity_decisions_total{"):
             outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            out[outcome] += int(float(line.rsplit(" ", 1)[1]))
+            tier = line.split('tier="', 1)[1].split('"', 1)[0]
+            out[f"{outcome} {tier}"] += int(float(line.rsplit(" ", 1)[1]))
     return out
