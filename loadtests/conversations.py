@@ -158,34 +158,34 @@ async def _tallies(session: aiohttp.ClientSession, engines: Sequence[str], slo_s
     return out
 
 
-async def _outcomes(session: aiohttp.ClientSession, gateway: str) -> Counter[str]:
-    """The gateway's count of what prefix affinity did, by outcome and by the tier each
-    request was sent to first ("give_way latency"), from its /metrics."""
+async def _outcomes(session: aiohttp.ClientSession, gateway: str) -> Counter[tuple[str, str]]:
+    """The gateway's count of what prefix affinity did, by (outcome, the tier each request was
+    sent to first), from its /metrics."""
     async with session.get(f"{gateway}/metrics") as resp:
         text = await resp.text()
-    out: Counter[str] = Counter()
+    out: Counter[tuple[str, str]] = Counter()
     for family in text_string_to_metric_families(text):
         if family.name == "tiergate_affinity_decisions":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
-                    out[f"{sample.labels['outcome']} {sample.labels['tier']}"] += int(sample.value)
+                    out[sample.labels["outcome"], sample.labels["tier"]] += int(sample.value)
     return out
 
 
-def by_outcome(counts: Counter[str]) -> dict[str, int]:
+def by_outcome(counts: Counter[tuple[str, str]]) -> dict[str, int]:
     """`_outcomes`' counts summed over the tiers."""
     out: Counter[str] = Counter()
-    for key, n in counts.items():
-        out[key.split(" ", 1)[0]] += n
+    for (outcome, _), n in counts.items():
+        out[outcome] += n
     return dict(out)
 
 
-def moves(counts: Counter[str]) -> dict[str, int]:
+def moves(counts: Counter[tuple[str, str]]) -> dict[str, int]:
     """`_outcomes`' counts of the requests sent elsewhere than their home or their session's
     backend, by check and by the tier they went to ("give_way -> latency")."""
     stayed = (Stay.HOME.value, Stay.SESSION.value)
-    return {k.replace(" ", " -> "): n for k, n in sorted(counts.items())
-            if n and k.split(" ", 1)[0] not in stayed}  # fmt: skip
+    return {f"{outcome} -> {tier}": n for (outcome, tier), n in sorted(counts.items())
+            if outcome not in stayed}  # fmt: skip
 
 
 async def _phase(session: aiohttp.ClientSession, gateway: str, engines: Sequence[str],
@@ -273,7 +273,7 @@ def summarize(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> dict[str, Any
                 "served_rounds": [c["served"] for c in cells],
                 "seconds_rounds": [c["seconds"] for c in cells],
                 "affinity": dict(sum((Counter(c["affinity"]) for c in cells), Counter())),
-                "moves": dict(sum((Counter(c.get("moves", {})) for c in cells), Counter())),
+                "moves": dict(sum((Counter(c["moves"]) for c in cells), Counter())),
             }
     return out
 
@@ -355,7 +355,7 @@ def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     outcomes = [o.value for o in Stay if o.value in seen]
     stays = [[a, p, *(str(f["affinity"].get(o, 0)) for o in outcomes)]
              for a, by in arms.items() for p, f in by.items()]  # fmt: skip
-    went = sorted({k for by in arms.values() for f in by.values() for k in f.get("moves", {})})
+    went = sorted({k for by in arms.values() for f in by.values() for k in f["moves"]})
     where = [[a, p, *(str(f["moves"].get(k, 0)) for k in went)]
              for a, by in arms.items() for p, f in by.items()]  # fmt: skip
     return [
