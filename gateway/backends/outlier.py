@@ -77,7 +77,8 @@ class OutlierState:
         return (failed / total if total else 0.0), total
 
     def succeeded(self, cfg: OutlierConfig, now: float) -> Verdict:
-        self._roll(cfg, now)
+        if now - self.window_at >= cfg.window_s:  # (`_roll`'s test: a call saved per request)
+            self._roll(cfg, now)
         self.ok_now += 1
         self.consecutive = 0
         if self.mode is Mode.PROBATION:

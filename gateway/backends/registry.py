@@ -66,7 +66,7 @@ class BackendEntry:
     config: BackendConfig
     kind: EngineKind
     options: Any  # the backend's options, an instance of its kind's model
-    inflight_gauge: Any  # tiergate_inflight{tier,backend}
+    inflight: tuple[Any, ...]  # its tiergate_inflight series (Telemetry.add)
     # The hard cap a lease checks as it takes its slot: a latency backend's when several
     # workers share the counts (another may take the last slot between a decision and its
     # lease); None: the decision's view is enough (one process decides and leases in one step).
@@ -111,9 +111,15 @@ class BackendEntry:
     def models(self) -> list[str]:
         return self.config.models
 
-    @property
+    @functools.cached_property  # read several times a request: a property is a call each
     def url(self) -> str:
         return self.backend.url
+
+    @functools.cached_property
+    def served_by(self) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
+        """The headers that tell a client which tier and backend answered (made once)."""
+        b = self.backend
+        return (b"x-tiergate-tier", b.role.value.encode()), (b"x-tiergate-backend", b.url.encode())
 
     @property
     def on_probation(self) -> bool:
@@ -139,24 +145,27 @@ class BackendEntry:
 
     def count_lease(self, delta: int, slo: float, now: float) -> None:
         counts, recent = self.slo_counts, self.slo_recent
-        if now > self.busy_at:
-            # Each class's count held since the last change: fold it into its mean.
-            kept = math.exp(-(now - self.busy_at) / CLASS_MEMORY_S)
-            for s in recent.keys() | counts.keys():  # a new set: recent may change
-                mean = recent.get(s, 0.0) * kept + counts.get(s, 0) * (1.0 - kept)
-                if mean < _FORGOTTEN and not counts.get(s):
-                    recent.pop(s, None)
+        held, busy = now - self.busy_at, self.busy
+        if held > 0:
+            # Each class's count held since the last change: fold it into its mean (every
+            # class counted has one, from when it was first counted: below).
+            kept = math.exp(-held / CLASS_MEMORY_S)
+            for s, mean in tuple(recent.items()):  # a copy: recent may change
+                mean = mean * kept + counts.get(s, 0) * (1.0 - kept)
+                if mean < _FORGOTTEN and s not in counts:
+                    del recent[s]
                 else:
                     recent[s] = mean
             self.recent = tuple(sorted(recent.items()))
-        held, busy = now - self.busy_at, self.busy
         self.busy_area += busy * held
         self.busy_square += busy * busy * held
         self.busy_at = now
-        self.busy += delta
+        self.busy = busy + delta
         left = counts.get(slo, 0) + delta
         if left > 0:
             counts[slo] = left
+            if slo not in recent:
+                recent[slo] = 0.0
         else:
             counts.pop(slo, None)
         # Tightest first: a decision sees at the first whether a tighter class is in flight.
@@ -284,7 +293,7 @@ class Lease:
             reg.store.acquire(e.url)
         elif not reg.store.try_acquire(e.url, e.cap):
             return self
-        e.inflight_gauge.inc()
+        reg.telemetry.add(e.inflight, 1.0)
         e.waiting.add(self)
         e.count_lease(1, self.slo, self.registry.clock())
         self.held = True
@@ -319,7 +328,7 @@ class Lease:
         e.waiting.discard(self)
         e.streaming.discard(self)
         self.registry.store.release(e.url)
-        e.inflight_gauge.dec()
+        self.registry.telemetry.add(e.inflight, -1.0)
         e.count_lease(-1, self.slo, self.registry.clock())
         self.registry.changed.notify_one()
         if e.left_at is not None:
@@ -368,7 +377,9 @@ class Registry:
     # -- membership -------------------------------------------------------------------------
     def _add(self, tier: str, role: Role, cfg: BackendConfig) -> BackendEntry:
         b = Backend(cfg.url, tier, role, frozenset(cfg.models))
-        gauge = self.telemetry.inflight.labels(b.role.value, b.url)
+        t = self.telemetry
+        gauge = (t.inflight, b.role.value, b.url)
+        t.child(*gauge)  # the series at 0 from the start
         kind = self.kinds[cfg.kind]
         entry = self.entries[b.url] = BackendEntry(b, cfg, kind, kind_options(cfg, kind), gauge)
         entry.own_transport = kind.transport(entry, self.timeout_s)
@@ -476,19 +487,20 @@ class Registry:
         (the freshest signal: the engines' gauges lag by seconds under load)."""
         now = self.clock()
         self.seen = counts = self.store.counts()
+        # (BackendLoad's fields by position, in its order: by keyword the call costs twice.)
         loads = {
             url: BackendLoad(
-                running=(st := e.live).running,
-                waiting=st.waiting,
-                kv_usage=st.kv_usage,
-                inflight=counts.get(url, 0),
-                # On probation: routable while no request of ours waits there for its first
-                # byte (a trial at a time: the first byte is the trial's success).
-                healthy=not st.ejected and not (e.waiting and e.on_probation),
-                stale=st.scraped_at is None or now - st.scraped_at > self.stale_after,
-                slos=e.slos,
-                recent=e.recent,
-                inflight_at_scrape=st.inflight_at_scrape,
+                (st := e.live).running,
+                st.waiting,
+                st.kv_usage,
+                counts.get(url, 0),  # inflight
+                # Healthy; on probation: routable while no request of ours waits there for its
+                # first byte (a trial at a time: the first byte is the trial's success).
+                not st.ejected and not (e.waiting and e.on_probation),
+                st.scraped_at is None or now - st.scraped_at > self.stale_after,  # stale
+                e.slos,
+                e.recent,
+                st.inflight_at_scrape,
             )
             for url, e in self.entries.items()
             if e.left_at is None

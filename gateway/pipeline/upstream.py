@@ -169,9 +169,8 @@ class Upstream:
                 ctype = resp.headers.get("Content-Type", "application/json").encode()
                 headers = [
                     *ex.response_headers,
-                    (b"x-tiergate-tier", backend.role.value.encode()),
-                    (b"x-tiergate-backend", backend.url.encode()),
-                    (b"x-tiergate-attempts", str(ex.attempts).encode()),
+                    *entry.served_by,
+                    (b"x-tiergate-attempts", b"%d" % ex.attempts),
                 ]
                 if not (ex.stream and resp.status == 200):
                     ex.status, body, ctype = wire.reply(ex, resp.status, first, ctype)
@@ -271,7 +270,7 @@ class Upstream:
         # First byte in hand: from here on, the client gets what the engine says.
         lease.first_byte(self.clock(), resp.close)
         self.registry.request_succeeded(entry)
-        self.telemetry.child(self.telemetry.attempts, entry.url, "ok").inc()
+        self.telemetry.add((self.telemetry.attempts, entry.url, "ok"))
         return lease, resp, first
 
     async def _first_bytes(

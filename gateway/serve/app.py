@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -77,7 +77,7 @@ class Proxy:
         if gw.tracing is not None:
             ex.trace = gw.tracing.begin(ex)
         # ASGI servers run each request in a task of its own: the drain may cancel it.
-        me = cast(asyncio.Task[Any], asyncio.current_task())
+        me: asyncio.Task[Any] = asyncio.current_task()  # type: ignore[assignment]
         ex.task = me
         live = gw.drain.live
         live[ex] = me
@@ -114,7 +114,7 @@ class Proxy:
         """`client`: its `receive`, and the server's list of callbacks for its going away
         (gateway.serve.server; None under another server)."""
         receive, on_gone = client
-        me = cast(asyncio.Task[Any], ex.task)
+        me: asyncio.Task[Any] = ex.task  # type: ignore[assignment]
         try:
             await gw.intake.read(ex, receive)
             if ex.tenant is not ANONYMOUS:  # a named key: its limits, its usage counted

@@ -42,7 +42,8 @@ def registry(clock: Clock | None = None, **outlier: Any) -> Registry:
 
 
 def gauge(reg: Registry, url: str) -> float:
-    value: float = reg.entry(url).inflight_gauge._value.get()
+    reg.telemetry.flush()
+    value: float = reg.telemetry.child(*reg.entry(url).inflight)._value.get()
     return value
 
 
@@ -316,6 +317,25 @@ def test_snapshot_merges_scraped_load_in_flight_counts_and_staleness() -> None:
     assert reg.snapshot().taken_at == clock.now
     # Its backends are keyed by URL: none listed twice, which routing need not look for.
     assert reg.snapshot().distinct
+
+
+async def test_each_field_of_a_snapshot_load_is_its_own() -> None:
+    """The registry builds the loads by position: each field from its source, none swapped."""
+    clock = Clock()
+    reg = registry(clock)
+    st = reg.entry(T1).live
+    st.running, st.waiting, st.kv_usage, st.inflight_at_scrape = 5, 3, 0.25, 4
+    st.scraped_at = clock.now
+    with reg.lease(reg.entry(T1), 0.012):
+        clock.now += 0.1  # the first lease's class held a while: it has a recent mean
+        with reg.lease(reg.entry(T1), 0.012):
+            load = reg.snapshot().load(T1)
+            assert load._asdict() == {
+                "running": 5, "waiting": 3, "kv_usage": 0.25, "inflight": 2, "healthy": True,
+                "stale": False, "slos": ((0.012, 2),), "recent": reg.entry(T1).recent,
+                "inflight_at_scrape": 4,
+            }  # fmt: skip
+            assert load.recent[0][0] == 0.012
 
 
 def test_the_slos_in_flight_are_counted_tightest_first() -> None:

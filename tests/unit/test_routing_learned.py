@@ -374,7 +374,7 @@ def test_room_is_kept_for_a_class_that_comes_and_goes() -> None:
     # the standard request goes to AWQ.
     tut = Prediction(tpot=Curve.of(lambda n: max(0.0197, -0.0064 + 0.00192 * n) / 3.26),
                      ttft=Curve.of(lambda n: 0.1), observed_at=NOW, spread=SHARP)  # fmt: skip
-    rare = replace(load(0), recent=((INTERACTIVE.tpot_s, 4.0), (STANDARD.tpot_s, 3.0)))
+    rare = load(0)._replace(recent=((INTERACTIVE.tpot_s, 4.0), (STANDARD.tpot_s, 3.0)))
     curves = {L0.url: tut, T0.url: awq(), T1.url: awq()}
     for n, first, why in ((6, T1, Reason.RESERVED), (5, L0, Reason.PREDICTED_SLO_MET)):
         s = LoadSnapshot((L0, T0, T1), {L0.url: _with(n, (STANDARD, n)), T0.url: rare,

@@ -10,28 +10,18 @@ from gateway.backends.state.base import LocalCounts
 __all__ = ["MemoryInflightStore"]
 
 
-class MemoryInflightStore:
-    """One process, so the replica's own counts are the whole picture."""
+class MemoryInflightStore(LocalCounts):
+    """One process, so the replica's own counts are the whole picture (the counts' own calls,
+    not a wrapper's: a request takes and gives back a count and reads them all once)."""
 
+    __slots__ = ()
     kind: Final = "memory"
 
-    def __init__(self) -> None:
-        self._local = LocalCounts()
-
-    def acquire(self, backend: str) -> None:
-        self._local.acquire(backend)
-
-    def release(self, backend: str) -> None:
-        self._local.release(backend)
-
-    def try_acquire(self, backend: str, limit: int) -> bool:
-        return self._local.try_acquire(backend, limit)
-
     def counts(self) -> Mapping[str, int]:
-        return self._local.snapshot()
+        return self.snapshot()
 
     def local_counts(self) -> Mapping[str, int]:
-        return self._local.snapshot()
+        return self.snapshot()
 
     @property
     def healthy(self) -> bool:
