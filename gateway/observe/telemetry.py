@@ -487,10 +487,11 @@ class Telemetry:
         return c
 
     # -- the request path's series, summed between reads --------------------------------------
-    # A prometheus_client child's inc() runs four Python calls and takes a lock: with the
-    # child's lookup about 10,000 instructions on Python 3.11, and a small request counted six
-    # series (62,000 of its 595,000 instructions: `bench instructions`). The request path adds
-    # to plain dicts instead, and `flush` hands each series its sum when /metrics is read. Not
+    # A prometheus_client child's inc() runs four Python calls and takes a lock (4,900
+    # instructions on Python 3.11, twice `add`'s, before the child's lookup:
+    # docs/results/instructions-request-path), and a small request counts six series. The
+    # request path adds to plain dicts instead, and `flush` hands each series its sum when
+    # /metrics is read. Not
     # with several workers: there each count goes to the worker's file at once, since another
     # worker's page reads it, and a worker killed would take its unflushed counts with it.
 
