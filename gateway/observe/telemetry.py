@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics (prefix `tiergate_`) and its logging setup.
 
-One `Telemetry` per app, with its own registry. Label children used on the request path are
-cached, so recording a request costs dictionary lookups, not label resolution.
+One `Telemetry` per app, with its own registry. Label children are cached, so a series costs a
+dictionary lookup, not label resolution; the request path's series are summed in plain dicts
+and handed to them when /metrics is read (`Telemetry.add`).
 """
 
 from __future__ import annotations
