@@ -378,10 +378,10 @@ class Registry:
     def _add(self, tier: str, role: Role, cfg: BackendConfig) -> BackendEntry:
         b = Backend(cfg.url, tier, role, frozenset(cfg.models))
         t = self.telemetry
-        gauge = (t.inflight, b.role.value, b.url)
-        t.child(*gauge)  # the series at 0 from the start
+        inflight = (t.inflight, b.role.value, b.url)
+        t.child(*inflight)  # the series at 0 from the start
         kind = self.kinds[cfg.kind]
-        entry = self.entries[b.url] = BackendEntry(b, cfg, kind, kind_options(cfg, kind), gauge)
+        entry = self.entries[b.url] = BackendEntry(b, cfg, kind, kind_options(cfg, kind), inflight)
         entry.own_transport = kind.transport(entry, self.timeout_s)
         if b.role is Role.LATENCY:
             entry.cap = self.cap

@@ -452,14 +452,9 @@ class Telemetry:
             registry=r,
         )
         self._children: dict[tuple[Any, ...], Any] = {}
-        # What the request path added and observed since the last `flush` (see `add`), and the
-        # bucket bounds of the histograms it observes.
+        # What the request path added and observed since the last `flush` (see `add`).
         self._added: dict[tuple[Any, ...], float] = {}
-        self._observed: dict[tuple[Any, ...], tuple[tuple[float, ...], list[float]]] = {}
-        self._bounds: dict[Any, tuple[float, ...]] = {
-            self.duration: LATENCY_BUCKETS, self.ttft: TTFT_BUCKETS, self.tpot: TPOT_BUCKETS,
-            self.release_duration: LATENCY_BUCKETS, self.release_ttft: TTFT_BUCKETS,
-        }  # fmt: skip
+        self._observed: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
         # Rare outcomes exist at 0 from the start: a series born at its first event has no
         # earlier sample, so rate() and increase() would not count that event.
         for outcome in ("won", "lost"):
@@ -492,9 +487,9 @@ class Telemetry:
     # instructions on Python 3.11, twice `add`'s, before the child's lookup:
     # docs/results/instructions-request-path), and a small request counts six series. The
     # request path adds to plain dicts instead, and `flush` hands each series its sum when
-    # /metrics is read. Not
-    # with several workers: there each count goes to the worker's file at once, since another
-    # worker's page reads it, and a worker killed would take its unflushed counts with it.
+    # /metrics is read. Not with several workers: there each count goes to the worker's file
+    # at once, since another worker's page reads it, and a worker killed would take its
+    # unflushed counts with it.
 
     def add(self, key: tuple[Any, ...], amount: float = 1.0) -> None:
         """Add `amount` to the series `key` ((counter or gauge, *its labels)), at the next
@@ -514,7 +509,9 @@ class Telemetry:
             return
         seen = self._observed.get(key)
         if seen is None:
-            bounds = self._bounds[key[0]]
+            # The series' own bounds, +Inf left out (the library's values, as in
+            # `_observe_counted`).
+            bounds = self.child(*key)._upper_bounds[:-1]
             seen = self._observed[key] = (bounds, [0.0] * (len(bounds) + 2))
         bounds, counts = seen
         counts[bisect.bisect_left(bounds, value)] += 1  # past every bound: the +Inf bucket
