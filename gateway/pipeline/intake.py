@@ -147,12 +147,15 @@ class Intake:
                 ex.affinity = session_key(
                     (b"session", sid) if sid else (b"user", str(user).encode())
                 )
-            elif homes.everyone or homes.drawn():
+            elif next(homes.draw):
                 ex.affinity = prefix_key(data, ex.endpoint.chat)
-            elif later_turn(data, ex.endpoint.chat):
+            elif len(ex.body) >= _LATER_BODY[ex.endpoint.chat] and later_turn(
+                data, ex.endpoint.chat
+            ):
                 # Quiet (prompts never repeat: gateway.pipeline.homes): a request not drawn is
                 # not keyed, no key computed, unless it may be a conversation's later turn,
-                # whose earlier turn may have been drawn.
+                # whose earlier turn may have been drawn. (A completion's body too short to
+                # hold one is not asked: the call costs more than the rest of the check.)
                 key = prefix_key(data, ex.endpoint.chat)
                 if key is not None and key in homes:
                     ex.affinity = key
@@ -243,6 +246,10 @@ class Intake:
 # How much of a prompt names its prefix: a few of the engine's 16-token cache blocks.
 _PREFIX_CHARS = 1024
 _PREFIX_IDS = 256
+# The shortest body that may hold a later turn (`later_turn`), by endpoint (chat or not): a
+# completion's prompt of _PREFIX_IDS token ids or more (a digit and a comma each, at least), or
+# of _PREFIX_CHARS characters (a byte each, at least), or a batch of _PREFIX_IDS prompts.
+_LATER_BODY = {False: 2 * _PREFIX_IDS - 1, True: 0}
 
 
 def caller(session: bytes | None, data: dict[str, Any]) -> tuple[bytes, bytes] | None:

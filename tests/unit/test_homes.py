@@ -130,7 +130,7 @@ def keys(homes: Homes, key: int, later: bool = False) -> bool:
     """Whether the intake keys a request with no declared session: every one while it is not
     quiet; while it is, one drawn in `every`, and a chat's later turn (`later`) whose key is
     remembered."""
-    return homes.everyone or homes.drawn() or (later and key in homes)
+    return next(homes.draw) or (later and key in homes)
 
 
 def keyed(homes: Homes, key: int) -> Exchange | None:
@@ -211,3 +211,21 @@ def test_never_quiet_with_quiet_zero() -> None:
         served(homes, key, A)
     assert homes.everyone
     assert len(homes) == 1024
+
+
+def test_the_draws_while_quiet_are_one_in_every_past_each_block() -> None:
+    """While quiet each request is keyed with a chance of one in `every`, over many blocks of
+    draws (each block drawn anew, not repeated: a repeated pattern would pass over a
+    conversation whose turns come in step with it); not quiet, every request is."""
+    homes = Homes(1024, 60.0, Clock(), quiet=(2, 8), rng=random.Random(3))
+    assert all(next(homes.draw) for _ in range(5_000))
+    served(homes, 1, A)
+    served(homes, 2, A)
+    assert not homes.everyone
+    draws = [next(homes.draw) for _ in range(40_960)]
+    assert 40_960 / 8 * 0.9 <= sum(draws) <= 40_960 / 8 * 1.1
+    blocks = [tuple(draws[i : i + 1024]) for i in range(0, 40_960, 1024)]
+    assert len(set(blocks)) == len(blocks)
+    served(homes, 1, A)  # a key again: every request keyed again
+    assert homes.everyone
+    assert all(next(homes.draw) for _ in range(5_000))

@@ -9,13 +9,14 @@ prompt's beginning."""
 from __future__ import annotations
 
 import collections
+import json
 import math
 import random
 from dataclasses import replace
 
 import pytest
 
-from gateway.pipeline.intake import affinity_of
+from gateway.pipeline.intake import _LATER_BODY, affinity_of, later_turn
 from gateway.routing import Decision, PolicyParams, Reason, RouteRequest, RouterState
 from gateway.routing.affinity import Affinity, affinity_key, rank
 from gateway.routing.curves import Curve, Prediction
@@ -479,3 +480,25 @@ def test_different_conversations_have_different_keys(
 )
 def test_nothing_to_key_on(data: dict[str, object], chat: bool) -> None:
     assert affinity_of(None, data, chat) is None
+
+
+@pytest.mark.parametrize(
+    ("case", "chat", "data"),
+    [
+        ("the fewest token ids, one digit each", False, {"prompt": [0] * 256}),
+        ("the fewest characters", False, {"prompt": "x" * 1024}),
+        ("a batch of empty prompts", False, {"prompt": [""] * 256}),
+        ("a chat past its opening", True, {"messages": [{}, {}, {}]}),
+    ],
+)
+def test_a_body_too_short_for_a_later_turn_holds_none(
+    case: str, chat: bool, data: dict[str, object]
+) -> None:
+    """The intake asks `later_turn` only of a body of `_LATER_BODY` bytes or more: the
+    shortest bodies it says yes to, written as compactly as JSON allows, are no shorter; one
+    element less, and it says no."""
+    body = json.dumps(data, separators=(",", ":")).encode()
+    assert later_turn(data, chat)
+    assert len(body) >= _LATER_BODY[chat]
+    short = {k: v[:-1] for k, v in data.items()}
+    assert not later_turn(short, chat)
