@@ -13,7 +13,9 @@ that misbehave and for shutting down without cutting anyone.
   1,000 connections) enforces them. Measured on uvloop: `call_later` + `cancel` ~1.1 us, twice
   per request; reading the loop's clock ~0.05 us. The protocol in process, a small POST on a
   kept-alive connection: 12.5 us per request stock, 13.6 us with these overrides (medians of 7
-  x 20,000), against ~400 us of gateway CPU per proxied request.
+  x 20,000), against ~400 us of gateway CPU per proxied request. The keep-alive wait between
+  requests is a deadline of the same sweep (uvicorn arms a timer after every answer and the
+  next request cancels it).
 - the request head's size (request line and headers, default 16 KB): more is 431. httptools
   buffers a header until it is whole, so the head's raw bytes are counted as they arrive.
 - a connection limit: requests on connections past `max_connections` are answered 503 (uvicorn's
@@ -325,6 +327,7 @@ class GatewayProtocol(HttpToolsProtocol):
         self.head_bytes = 0  # raw bytes received since the head began (body bytes may follow)
         self.over_limit = False
         self.closing = False  # refused: dropping what comes until the linger ends
+        self.idle = False  # kept alive between requests: the deadline is the keep-alive's
 
     # -- phases ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -335,13 +338,16 @@ class GatewayProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        if self.deadline == 0.0 and (self.cycle is None or self.cycle.response_complete):
-            # A kept-alive connection's next request begins (uvicorn's keep-alive timer stops).
+        if self.idle or (
+            self.deadline == 0.0 and (self.cycle is None or self.cycle.response_complete)
+        ):
+            # A kept-alive connection's next request begins. (No keep-alive timer of
+            # uvicorn's to stop: `on_response_complete` arms none.)
+            self.idle = False
             self.deadline = self.loop.time() + self.limits.header_timeout_s
             self.in_head, self.head_bytes = True, 0
         if self.in_head:
             self.head_bytes += len(data)
-        self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -378,6 +384,27 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self.deadline = 0.0
         super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete and not self.transport.is_closing():
+            self._keep_alive()  # answered before its body was read whole: the wait begins now
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the wait for a kept-alive connection's next request a deadline the
+        sweep enforces, as the head's and the body's are, instead of a timer armed after every
+        answer and cancelled by the next request (`call_later` and `cancel` per request)."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:  # pipelined requests: the next one starts
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self.deadline == 0.0:  # the request was read whole (else: on_message_complete)
+            self._keep_alive()
+
+    def _keep_alive(self) -> None:
+        self.idle = True
+        self.deadline = self.loop.time() + self.timeout_keep_alive
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.deadline, self.closing = 0.0, True
@@ -398,7 +425,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if self.deadline == 0.0 or now < self.deadline:
             return
         self.deadline = 0.0
-        if self.closing:
+        if self.closing or self.idle:  # (idle: the keep-alive timeout, as uvicorn's timer)
             self.transport.close()
         elif self.in_head and self.head_bytes == 0:
             self.guard.refused["silent"] += 1

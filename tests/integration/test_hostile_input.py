@@ -254,6 +254,26 @@ async def test_an_idle_kept_alive_connection_is_closed(stack: Stack) -> None:
     assert took < TIMEOUT_S + SLACK_S
 
 
+async def test_a_connection_answered_before_its_body_ended_is_closed_once_idle(
+    stack: Stack,
+) -> None:
+    """An answer given before the request's body was read (415: the content type is checked
+    first); the body then ends, and the connection, idle, is closed at the keep-alive timeout,
+    not held."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", stack.gateway.port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                 b"Content-Length: 5\r\n\r\n")  # fmt: skip
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 415 ")
+    length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+    await reader.readexactly(length)
+    writer.write(b"hello")
+    rest, took = await read_all(reader, TIMEOUT_S + SLACK_S + 2)
+    writer.close()
+    assert rest == b""
+    assert took < TIMEOUT_S + SLACK_S
+
+
 # -- request ids and disconnects -----------------------------------------------------------
 
 

@@ -52,11 +52,10 @@ def test_snapshot_copies_its_loads() -> None:
 
 
 def test_values_are_frozen() -> None:
+    # (A snapshot's own fields are read only by convention, not at run time: see its class.)
     s = snap((T0, load(1)))
     with pytest.raises(TypeError):
         s.loads[T0.url] = load()  # type: ignore[index]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        s.taken_at = 0.0  # type: ignore[misc]
     with pytest.raises(AttributeError):  # a named tuple's field
         load().running = 3  # type: ignore[misc]
     assert Role("latency") is Role.LATENCY
