@@ -55,8 +55,13 @@ CASES = {
 }
 
 
-def total(statement: str, n: int) -> int:
-    script = f"{SETUP}\nfor _ in range({n}):\n    {statement}\n"
+def total(statement: str, n: int, setup: str = SETUP, local: bool = False) -> int:
+    """Instructions of an interpreter that runs `setup`, then `statement` `n` times: in a loop
+    at the module's level, or (`local`) inside a function, its names local ones."""
+    if local:
+        script = f"{setup}\ndef run(n):\n    for _ in range(n):\n        {statement}\nrun({n})\n"
+    else:
+        script = f"{setup}\nfor _ in range({n}):\n    {statement}\n"
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                           sys.executable, "-c", script], capture_output=True, text=True,
                          check=True)  # fmt: skip
@@ -65,12 +70,17 @@ def total(statement: str, n: int) -> int:
     return int(match.group(1))
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+def table(cases: dict[str, str], n: int, setup: str = SETUP, local: bool = False) -> None:
+    """Each case's instructions per run of its statement, as a Markdown table."""
     print(f"| call | instructions per call (N = {n}) |\n|---|---|")
-    for name, statement in CASES.items():
-        per_call = (total(statement, 11 * n) - total(statement, n)) / (10 * n)
+    for name, statement in cases.items():
+        per_call = (total(statement, 11 * n, setup, local)
+                    - total(statement, n, setup, local)) / (10 * n)  # fmt: skip
         print(f"| {name} | {per_call:,.0f} |", flush=True)
+
+
+def main() -> None:
+    table(CASES, int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
 
 
 if __name__ == "__main__":
