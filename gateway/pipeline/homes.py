@@ -65,9 +65,10 @@ class Homes:
         # Whether to key the request at hand (one with no declared session), read by the intake
         # with next(): True for every request, or while it is quiet one in `every`, drawn at
         # random (a count would pass over the same conversation at every turn where its turns
-        # come in step with the others). An iterator of C parts, the draws made a block at a
-        # time while quiet: a next() on it costs a fifth of a method's call that draws, on
-        # every request.
+        # come in step with the others). An iterator, the draws made a block at a time while
+        # quiet: while not, next() on it is all the check costs; while quiet, a draw costs
+        # about what a method's did (1,147 instructions against 1,250: docs/results/
+        # instructions-quiet-draw/costs.md).
         self._always: Iterator[bool] = itertools.repeat(True)
         self.draw: Iterator[bool] = self._always
         # New keys in a row since a key last came again.
