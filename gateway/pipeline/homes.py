@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 # holding the key last began or ended, requests holding it in flight]. (A list: a begin and an
 # end run on every keyed request, and a dataclass entry cost twice as much to build.)
 _HOME, _SEEN, _BUSY = 0, 1, 2
-# While quiet, the draws are made this many at a time (`draw`).
-_BLOCK = 1024
 
 
 class Homes:
@@ -65,10 +63,9 @@ class Homes:
         # Whether to key the request at hand (one with no declared session), read by the intake
         # with next(): True for every request, or while it is quiet one in `every`, drawn at
         # random (a count would pass over the same conversation at every turn where its turns
-        # come in step with the others). An iterator, the draws made a block at a time while
-        # quiet: while not, next() on it is all the check costs; while quiet, a draw costs
-        # about what a method's did (1,147 instructions against 1,250: docs/results/
-        # instructions-quiet-draw/costs.md).
+        # come in step with the others). An iterator of C parts (random() compared with the
+        # chance): while not quiet, next() on it is all the check costs; while quiet, a draw
+        # costs about what a method's did (docs/results/instructions-quiet-draw/costs.md).
         self._always: Iterator[bool] = itertools.repeat(True)
         self.draw: Iterator[bool] = self._always
         # New keys in a row since a key last came again.
@@ -83,11 +80,6 @@ class Homes:
 
     def __contains__(self, key: int) -> bool:
         return key in self._keys
-
-    def _draws(self, n: int) -> list[bool]:
-        """`n` draws of one in `every`."""
-        chance, draw = self._chance, self._random
-        return [draw() < chance for _ in range(n)]
 
     def _remember(self, key: int, entry: list[Any]) -> None:
         keys = self._keys
@@ -111,8 +103,8 @@ class Homes:
             self._new_in_a_row += 1
             if self._new_in_a_row == self.quiet:
                 self.everyone = False
-                self.draw = itertools.chain.from_iterable(
-                    map(self._draws, itertools.repeat(_BLOCK)))  # fmt: skip
+                # (random() is below 1: the sentinel never comes.)
+                self.draw = map(self._chance.__gt__, iter(self._random, 2.0))
                 log.info("prefix affinity: %d new prompts in a row, none seen again: one new key"
                          " in %d remembered until one comes again", self.quiet,
                          self.every)  # fmt: skip

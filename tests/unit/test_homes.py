@@ -214,9 +214,9 @@ def test_never_quiet_with_quiet_zero() -> None:
 
 
 def test_the_draws_while_quiet_are_one_in_every_past_each_block() -> None:
-    """While quiet each request is keyed with a chance of one in `every`, over many blocks of
-    draws (each block drawn anew, not repeated: a repeated pattern would pass over a
-    conversation whose turns come in step with it); not quiet, every request is."""
+    """While quiet each request is keyed with a chance of one in `every`, every draw a new one
+    (no run of them repeats: a repeated pattern would pass over a conversation whose turns
+    come in step with it); not quiet, every request is."""
     homes = Homes(1024, 60.0, Clock(), quiet=(2, 8), rng=random.Random(3))
     assert all(next(homes.draw) for _ in range(5_000))
     served(homes, 1, A)
