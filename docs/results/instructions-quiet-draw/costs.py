@@ -8,6 +8,10 @@ out. The routing modules from their sources (TIERGATE_COMPILED=0), as `bench ins
 runs them.
 
     python docs/results/instructions-quiet-draw/costs.py [N]    (N: 3000 by default)
+    python docs/results/instructions-quiet-draw/costs.py draw [N]
+
+`draw`: the quiet draw two ways, random() compared with the chance in a `map` (the gateway's
+since 6a03082) against draws made 1,024 at a time by a helper (43a02f3 to 6a03082): draw.md.
 """
 
 from __future__ import annotations
@@ -83,6 +87,20 @@ CASES = {
     "uvloop: the loop's clock read (the sweep's deadline, per answer)": "loop.time() + 5.0",
     "nothing (the loop itself)": "pass",
 }  # fmt: skip
+DRAW_SETUP = """
+import itertools, random
+r = random.Random(1)
+chance = 1 / 16
+mapped = map(chance.__gt__, iter(r.random, 2.0))
+def block(n):
+    return [r.random() < chance for _ in range(n)]
+blocks = itertools.chain.from_iterable(map(block, itertools.repeat(1024)))
+"""
+DRAW_CASES = {
+    "next() on random() compared in a map (now)": "next(mapped)",
+    "next() on draws made 1,024 at a time (43a02f3)": "next(blocks)",
+    "nothing (the loop itself)": "pass",
+}
 
 
 def main() -> None:
@@ -93,8 +111,11 @@ def main() -> None:
     assert spec.loader is not None
     costs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(costs)
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
-    costs.table(CASES, n, SETUP, local=True)
+    args = sys.argv[1:]
+    draw = bool(args) and args[0] == "draw"
+    args = args[1:] if draw else args
+    n = int(args[0]) if args else 3000
+    costs.table(*((DRAW_CASES, n, DRAW_SETUP) if draw else (CASES, n, SETUP)), local=True)
 
 
 if __name__ == "__main__":
