@@ -219,13 +219,14 @@ class ConnectionWriter:
                 or _refused(b"".join(names), _NAME_BYTES)
                 or _refused(b"\t".join(values), _VALUE_BYTES)):  # fmt: skip
             return None  # (a tab is allowed in a value, so joining with one hides nothing)
-        closes = False
-        if b"connection" in names:
-            for name, value in zip(names, values, strict=True):
-                if name == b"connection" and b"close" in [
-                    t.lower().strip() for t in value.split(b",")
-                ]:
-                    cycle.keep_alive, closes = False, True
+        # (`in` first: the gateway's own answers have no connection header)
+        closes = b"connection" in names and any(
+            b"close" in [t.lower().strip() for t in value.split(b",")]
+            for name, value in zip(names, values, strict=True)
+            if name == b"connection"
+        )
+        if closes:
+            cycle.keep_alive = False
         # (each line "name: value" and its CRLF: the empty string last ends the last one)
         lines = b"\r\n".join([*map(_HEADER, zip(names, values, strict=True)), b""])
         out = [STATUS_LINE[status], lines]

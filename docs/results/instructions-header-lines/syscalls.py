@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -43,8 +42,12 @@ with tempfile.TemporaryDirectory() as tmp:
             for _ in range(300):
                 post()
             out = work / "strace.txt"
-            st = subprocess.Popen(["strace", "-f", "-c", "-o", str(out), "-p", str(gw.pid)])
-            time.sleep(1.0)  # (attached: strace says so on stderr)
+            st = subprocess.Popen(["strace", "-f", "-c", "-o", str(out), "-p", str(gw.pid)],
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+            assert st.stderr is not None
+            while "attached" not in (said := st.stderr.readline()):  # strace follows it now
+                if not said:
+                    raise RuntimeError("strace could not attach to the gateway")
             for _ in range(N):
                 post()
             st.send_signal(signal.SIGINT)
