@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import httpx
+
 from loadtests.harness.stack import MODEL, Stack, add_gateway, config, start_stack
 
-__all__ = ["MODEL", "Stack", "add_gateway", "config", "start_stack", "wait_until",
-           "wait_until_async"]  # fmt: skip
+__all__ = ["MODEL", "Stack", "add_gateway", "affinity_outcomes", "config", "start_stack",
+           "wait_until", "wait_until_async"]  # fmt: skip
 
 T = TypeVar("T")
 WAIT_S = 20.0  # generous: the machine may be busy
@@ -44,3 +47,15 @@ async def wait_until_async(check: Callable[[], Any], what: str, timeout_s: float
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s:g} s: {what} (last: {value!r})")
         await asyncio.sleep(POLL_S)
+
+
+def affinity_outcomes(gateway_url: str) -> Counter[str]:
+    """The gateway's count of what prefix affinity did, by outcome and the tier the request
+    went to first ("home throughput")."""
+    out: Counter[str] = Counter()
+    for line in httpx.get(gateway_url + "/metrics").text.splitlines():
+        if line.startswith("tiergate_affinity_decisions_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            tier = line.split('tier="', 1)[1].split('"', 1)[0]
+            out[f"{outcome} {tier}"] += int(float(line.rsplit(" ", 1)[1]))
+    return out

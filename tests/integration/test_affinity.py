@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.stack import MODEL, Stack, start_stack
+from tests.integration.stack import MODEL, Stack, affinity_outcomes, start_stack
 
 # Bounds on time and placement: run after the parallel tests, alone (scripts/test).
 pytestmark = pytest.mark.serial
@@ -44,7 +44,7 @@ def body(prompt: str, **extra: Any) -> dict[str, Any]:
 
 def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
     gw = stack.gateway.url
-    stays = affinity_outcomes(stack)
+    stays = affinity_outcomes(stack.gateway.url)
     with httpx.Client(base_url=gw, timeout=30) as c:
         for session in ("alice", "bob", "carol", "dave"):
             seen = {
@@ -54,7 +54,7 @@ def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
             }  # fmt: skip
             assert len(seen) == 1, (session, seen)
     # Each session's first request to its own backend, the three after it home.
-    assert affinity_outcomes(stack) - stays == Counter({"session throughput": 4,
+    assert affinity_outcomes(stack.gateway.url) - stays == Counter({"session throughput": 4,
                                                        "home throughput": 4 * 3})  # fmt: skip
 
 
@@ -103,7 +103,7 @@ def test_affinity_brings_prefix_cache_hits(stack: Stack) -> None:
                     total += float(line.rsplit(" ", 1)[1])
         return total
 
-    before, stays = hits(), affinity_outcomes(stack)
+    before, stays = hits(), affinity_outcomes(stack.gateway.url)
     with httpx.Client(base_url=stack.gateway.url, timeout=30) as c:
         for conv in range(6):
             prompt = f"conversation {conv} opens with a long shared context " * 20
@@ -114,16 +114,4 @@ def test_affinity_brings_prefix_cache_hits(stack: Stack) -> None:
     # Turns 2 and 3 of each conversation hit at least their first turn's ~180 tokens.
     assert hits() - before >= 6 * 2 * 160
     # ... and the gateway says so: each of them went home, in the pool; the first turns had none.
-    assert affinity_outcomes(stack) - stays == Counter({"home throughput": 6 * 2})
-
-
-def affinity_outcomes(stack: Stack) -> Counter[str]:
-    """The gateway's count of what prefix affinity did, by outcome and the tier the request
-    went to first ("home throughput")."""
-    out: Counter[str] = Counter()
-    for line in httpx.get(stack.gateway.url + "/metrics").text.splitlines():
-        if line.startswith("tiergate_affinity_decisions_total{"):
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            tier = line.split('tier="', 1)[1].split('"', 1)[0]
-            out[f"{outcome} {tier}"] += int(float(line.rsplit(" ", 1)[1]))
-    return out
+    assert affinity_outcomes(stack.gateway.url) - stays == Counter({"home throughput": 6 * 2})
