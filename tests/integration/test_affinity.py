@@ -44,7 +44,7 @@ def body(prompt: str, **extra: Any) -> dict[str, Any]:
 
 def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
     gw = stack.gateway.url
-    stays = affinity_outcomes(stack.gateway.url)
+    stays = affinity_outcomes(gw)
     with httpx.Client(base_url=gw, timeout=30) as c:
         for session in ("alice", "bob", "carol", "dave"):
             seen = {
@@ -54,8 +54,8 @@ def test_a_session_sticks_to_one_instance(stack: Stack) -> None:
             }  # fmt: skip
             assert len(seen) == 1, (session, seen)
     # Each session's first request to its own backend, the three after it home.
-    assert affinity_outcomes(stack.gateway.url) - stays == Counter({"session throughput": 4,
-                                                       "home throughput": 4 * 3})  # fmt: skip
+    assert affinity_outcomes(gw) - stays == Counter({"session throughput": 4,
+                                                     "home throughput": 4 * 3})  # fmt: skip
 
 
 def _burst(stack: Stack, prompt: str, headers: dict[str, str]) -> Counter[str]:

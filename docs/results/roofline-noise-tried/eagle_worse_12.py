@@ -5,34 +5,23 @@ and without: each arm's SLO-met requests, per seed, and the ratio (what explorin
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from gateway.routing.params import PolicyParams
-from loadtests.routing_sim.cosim import simulate
-from loadtests.routing_sim.study import Arm, spec_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ridge-floor-tried"))
+from learned_alone import one
 
-cell = ("eagle-worse", "burst", "tight")
-
-
-def one(task):
-    seed, params = task
-    arm = Arm("learned", "learned", PolicyParams.model_validate(json.loads(params)))
-    r = simulate(spec_of(cell, arm, seed, 20.0, "chat"))
-    return params, seed, sum(d.met for d in r.done if d.phase is not None)
-
+CELL = ("eagle-worse", "burst", "tight")
+ARMS = ("{}", '{"explore_rate": 0}')  # exploring, not
+SEEDS = 12
 
 if __name__ == "__main__":
-    tasks = [(s, p) for p in ("{}", '{"explore_rate": 0}') for s in range(12)]
-    got = {}
+    tasks = [(CELL, s, "chat", arm) for arm in ARMS for s in range(SEEDS)]
     with mp.Pool(2) as pool:
-        for p, s, m in pool.imap_unordered(one, tasks):
-            got.setdefault(p, {})[s] = m
-    for p in got:
-        v = [got[p][s] for s in range(12)]
-        print(p, sum(v), v)
-    a, b = sum(got["{}"].values()), sum(got['{"explore_rate": 0}'].values())
-    print("exploring / not: %.3f" % (a / b))
+        met = [m for _, _, m in pool.map(one, tasks)]  # in the tasks' order
+    got = {arm: met[i * SEEDS : (i + 1) * SEEDS] for i, arm in enumerate(ARMS)}
+    for arm, v in got.items():
+        print(arm, sum(v), v)
+    print(f"exploring / not: {sum(got[ARMS[0]]) / sum(got[ARMS[1]]):.3f}")
