@@ -111,6 +111,8 @@ def _forget(snap: LoadSnapshot, limits: bool) -> None:
             outlooks.clear()
         if limits:
             pred.limits.clear()
+            if (peaks := getattr(pred, "peaks", None)) is not None:  # (none in an older tree)
+                peaks.clear()
 
 
 def _remembering(pred: Prediction) -> Prediction:

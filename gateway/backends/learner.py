@@ -207,11 +207,11 @@ class Learner:
                 made.append((pred, curves.get(url)))
                 curves[url] = pred
                 self._gauges(self.registry.entry(url), pred)
-        # The classes' limits on each new prediction, found now rather than by the first
-        # decision that asks (a search per class and candidate, ~20 us each).
+        # The classes' limits and peaks on each new prediction, found now rather than by the
+        # first decision that asks (a search or a scan per class and candidate, ~20 us each).
         classes = {s for e in self.registry for s, _ in (*e.slos, *e.recent)}
         for fresh, before in made:
-            if fresh.known and len(classes) > 1:
+            if fresh.known and classes:
                 remember_limits(fresh, classes)
             # ... and the outlooks decisions asked of its predecessor lately (~2 us each).
             if before is not None:

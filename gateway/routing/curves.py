@@ -149,6 +149,10 @@ class Prediction:
     limits: dict[float, int] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # gateway.routing.learned.peak per ln SLO, as computed (the same kind of cache).
+    peaks: dict[float, tuple[float, int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     # gateway.routing.learned.outlook per (streams there, their SLOs, the request's SLO and the
     # policy's limits), as computed: between two decisions most candidates' loads are as they
     # were, and the outlook is a function of these and of the fields above (a cache).

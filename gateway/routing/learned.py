@@ -38,6 +38,11 @@ frontier, the replica of its tier (past its own) whose output grows most over th
 streams on average (`envelope`) goes first instead; across tiers the next stream's gain still
 decides (`_share_with_mates`).
 
+Where nothing gains anywhere (overload), the next stream goes where one more loses least: most
+often a sink, whose streams all miss their SLO already. Where that sink would give more at its
+peak than another backend gives at its own (a burst piled onto an engine read too flat), the
+backend with the least to give takes it instead, and the pile drains (`_drain`).
+
 Several classes at once (open traffic): a request of a looser class does not take the room a
 tighter class in flight needs on a backend where that class is placed (before its knee and
 within its SLO), when another backend meets the request's SLO without loss
@@ -71,7 +76,7 @@ from dataclasses import dataclass, replace
 from math import erf, log2
 from typing import NamedTuple
 
-from gateway.routing.curves import Prediction
+from gateway.routing.curves import TABLE_MAX, Prediction
 from gateway.routing.filters import eligible, of_role, pinned, serving
 from gateway.routing.params import PolicyParams
 from gateway.routing.types import (
@@ -364,14 +369,16 @@ def most_streams(log_slo: float, pred: Prediction) -> int:
 
 
 def remember_limits(pred: Prediction, tpot_slos: Iterable[float]) -> None:
-    """`most_streams` for each TPOT SLO in `tpot_slos` but the loosest, remembered by `pred`
-    before any decision asks: a decision asks only of classes tighter than its request's, and
-    the first one after a refit would otherwise search for every candidate (the learner calls
-    this when it hands routing new predictions, off the request path)."""
-    tighter = sorted(set(tpot_slos))[:-1]
-    for s in tighter:
-        if s > 0:
-            most_streams(log2(s) * _LN2, pred)  # the ln TighterClasses reads, to the bit
+    """`most_streams` for each TPOT SLO in `tpot_slos` but the loosest, and `peak` for each,
+    remembered by `pred` before any decision asks: a decision asks `most_streams` only of
+    classes tighter than its request's and `peak` only of its own, and the first one after a
+    refit would otherwise compute them for every candidate (the learner calls this when it
+    hands routing new predictions, off the request path)."""
+    classes = sorted({s for s in tpot_slos if s > 0})
+    for s in classes[:-1]:
+        most_streams(log2(s) * _LN2, pred)  # the ln TighterClasses reads, to the bit
+    for s in classes:
+        peak(Slo(tpot_s=s).log_tpot, pred)  # the ln a request's Slo has, to the bit
 
 
 def _most_streams(log_slo: float, pred: Prediction) -> int:
@@ -397,6 +404,31 @@ def _most_streams(log_slo: float, pred: Prediction) -> int:
         else:
             hi = mid
     return lo
+
+
+def output(log_slo: float, n: int, pred: Prediction) -> float:
+    """The SLO-meeting output per second (tokens) of `n` streams of a class with a TPOT SLO of
+    exp(`log_slo`) on the backend: each stream's tokens per second times its chance."""
+    return n * met(log_slo, n, pred) / max(pred.tpot.at(n), _FLOOR)
+
+
+def peak(log_slo: float, pred: Prediction) -> tuple[float, int]:
+    """The most `output` the backend gives streams of the class, at any number of them up to
+    one past its frontier (what it has shown, and the next stream the policy would try there;
+    beyond, the doubt's gamble would promise output nothing has shown), and at how many
+    streams (0: none meets the SLO). Remembered by the prediction."""
+    memo = pred.peaks
+    found = memo.get(log_slo)
+    if found is None:
+        if len(memo) >= _REMEMBERED:
+            memo.clear()
+        most, at = 0.0, 0
+        for n in range(1, min(pred.frontier + 1, TABLE_MAX) + 1):
+            out = output(log_slo, n, pred)
+            if out > most:
+                most, at = out, n
+        found = memo[log_slo] = (most, at)
+    return found
 
 
 def guard(streams: float, limit: int) -> int:
@@ -609,6 +641,56 @@ def _share_with_mates(
         keys.insert(0, keys.pop(best_pos))
 
 
+def _drain(
+    keys: list[tuple[int, float, float, int, bool, float, int]],
+    preds: Sequence[Prediction | None],
+    outlooks: Sequence[tuple[float, float, float, float, bool, int, bool]],
+    slo: Slo,
+) -> bool:
+    """Where nothing gains anywhere and the first choice in `keys` (sorted, with room) gives up
+    more against its `peak` than another candidate gives at its own, in whole streams that just
+    meet the SLO, the one of least peak among those goes first instead. Whether anything moved.
+
+    Under overload each stream goes where one more loses least, most often a sink: a backend
+    whose streams all miss their SLO already, where one more loses nothing. Right where the
+    sink has the least to give. But a burst that piled onto an engine read as rising too flatly
+    leaves a sink that would give much at its peak, and one stream at a time it stays one (one
+    more there costs nothing), while draining it would win that peak back and a sink elsewhere
+    gives up at most its own. Only onto a backend whose output is seen to fall past its peak
+    (one still rising one stream past its frontier may give more further out), and by whole
+    streams: a small overflow over alike engines each just past its peak loses less than one of
+    them given up for it (chosen by the least peak alone, the sink cost `bench routing-sim`'s
+    `knee-32` burst 4 ms with conversations 28%). In its `eagle-worse` burst 4 ms with
+    conversations, seed 9, one AWQ engine of two held 48.8 streams through a 64-user phase
+    (each meets 4 ms to about 24) and 250 requests met their SLO there; with this, 26.5 and 418
+    (docs/results/overflow-drain)."""
+    first = keys[0][-1]
+    pred = preds[first]
+    if pred is None or not pred.frontier:
+        return False
+    log_slo, unit = slo.log_tpot, slo.tpot_s  # (output x TPOT SLO: streams that just meet it)
+    most, _ = peak(log_slo, pred)
+    best = math.floor((most - output(log_slo, outlooks[first][5], pred)) * unit)
+    best_pos = 0
+    for pos in range(1, len(keys)):
+        k = keys[pos]
+        if k[0]:
+            break  # full from here on
+        other = preds[k[-1]]
+        if other is None or not other.frontier:
+            continue  # (nothing known: no peak to give up, and no sink to make of it)
+        most, at = peak(log_slo, other)
+        if at > other.frontier:
+            continue  # its output still rising where the model last looks: more may lie beyond
+        given_up = math.floor(most * unit)
+        if given_up < best:
+            best_pos, best = pos, given_up
+    if best_pos:
+        keys.insert(0, keys.pop(best_pos))
+        return True
+    return False
+
+
 # A tier of more backends than this has only this many of them, drawn at random, evaluated per
 # decision (power of d choices: near the quality of evaluating all of them in a pool of alike
 # engines). An evaluation costs ~1-2 us; a decision over 16 backends must stay well under 40.
@@ -741,8 +823,15 @@ class Learned:
         keys.sort()
         kept = mixed and _keep_for_tighter(keys, outlooks, preds, loads, slo)
         # (Where classes mix, the room kept for tighter ones orders the first choice instead.)
-        if not mixed and keys[0][0] == 0 and outlooks[keys[0][-1]][6]:
-            _share_with_mates(keys, pool, outlooks, preds, (loads, slo))
+        drained = False
+        if not mixed and keys[0][0] == 0:
+            first = keys[0]
+            # Nothing gains anywhere (the first loses output, or gains none and misses the SLO
+            # there): where the overflow goes (`_drain`).
+            if first[1] > 0.0 or (first[1] == 0.0 and outlooks[first[-1]][2] < 0.5):
+                drained = _drain(keys, preds, outlooks, slo)
+            if not drained and outlooks[first[-1]][6]:
+                _share_with_mates(keys, pool, outlooks, preds, (loads, slo))
         ordered = [pool[k[-1]] for k in keys] + rest
         _, _, p, _, full, _, ahead = outlooks[keys[0][-1]]
         if full:
@@ -751,6 +840,8 @@ class Learned:
             reason = Reason.RESERVED
         elif req.pinned is not None:
             reason = Reason.PINNED
+        elif drained:
+            reason = Reason.DRAIN
         elif ahead:
             reason = Reason.FRONTIER
         elif p >= 0.5:

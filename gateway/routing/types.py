@@ -59,6 +59,7 @@ class Reason(StrEnum):
     EXPLORE = "explore"  # learned: a backend the model has not seen lately, to keep learning
     FRONTIER = "frontier"  # learned: past the most streams observed there (or none yet)
     RESERVED = "reserved"  # learned: the faster place kept for a tighter class; this one meets it
+    DRAIN = "drain"  # learned: nothing gains; the overflow to the least sink, so a pile drains
     POLICY_ERROR = "policy_error"  # the policy failed (a bug): least-loaded ordered it instead
     DISPLACED = "displaced"  # saturated, but a batch request waiting there gave it its place
 

@@ -41,6 +41,9 @@ from gateway.routing.learned import (
     met,
     most_streams,
     outlook,
+    output,
+    peak,
+    remember_limits,
     remember_outlooks,
     shortlist,
 )
@@ -836,3 +839,83 @@ def test_candidates_are_the_filters_and_the_shortlist_in_one_pass(seed: int) -> 
     assert candidates(req, twice, random.Random(seed)) == shortlist(
         pinned(req, eligible(req, twice)), random.Random(seed)
     )
+
+
+# Overload (`_drain`): a 4 ms class on H200-like engines. An AWQ engine: 3.43 ms a token and
+# 0.024 ms more a stream (meets 4 ms to 23 streams); an EAGLE engine accepting little: 3.55 ms
+# and 0.1 ms more a stream (to 4 streams).
+def _rising(base: float, per_stream: float, frontier: int = TABLE_MAX) -> Prediction:
+    return Prediction(tpot=Curve.of(lambda n: base + per_stream * n),
+                      ttft=Curve.of(lambda n: 0.05), observed_at=NOW, frontier=frontier,
+                      spread=SHARP)  # fmt: skip
+
+
+AWQ_H200 = _rising(0.00343, 0.000024)
+EAGLE_LITTLE = _rising(0.00355, 0.0001)
+
+
+@pytest.mark.parametrize(
+    ("streams", "first", "why"),
+    [
+        # A burst piled 48 streams onto one AWQ engine (each misses 4 ms, so one more loses
+        # nothing there); the other is at its edge, the EAGLE engine at its own. Draining the
+        # pile wins back 23 streams that meet the SLO; the EAGLE engine gives up 4 as the sink.
+        ((4, 48, 23), L0, Reason.DRAIN),
+        # No pile: one more loses least on the EAGLE engine anyway (4 streams against 23).
+        ((4, 23, 23), L0, Reason.HEADROOM),
+        # The pile is the EAGLE engine, the backend with the least to give: it stays the sink.
+        ((40, 23, 23), L0, Reason.HEADROOM),
+        # Room somewhere (the other AWQ engine at 10 streams): no overload, the pile waits.
+        ((4, 48, 10), T1, Reason.PREDICTED_SLO_MET),
+    ],
+)
+def test_under_overload_a_pile_drains_onto_the_backend_with_least_to_give(
+    streams: tuple[int, int, int], first: Backend, why: str
+) -> None:
+    l0, t0, t1 = (BackendLoad(running=n, slos=((FOUR_MS.tpot_s, n),)) for n in streams)
+    s = LoadSnapshot((L0, T0, T1), {L0.url: l0, T0.url: t0, T1.url: t1}, NOW,
+                     {L0.url: EAGLE_LITTLE, T0.url: AWQ_H200, T1.url: AWQ_H200})  # fmt: skip
+    order, reason = decide(s, FOUR_MS)
+    assert (order[0], reason) == (first.url, why)
+
+
+def test_a_pile_drains_only_onto_a_backend_whose_peak_is_known() -> None:
+    pile = BackendLoad(running=48, slos=((FOUR_MS.tpot_s, 48),))
+    # Nothing known of the other engine (a stream there already): no peak to weigh.
+    s = LoadSnapshot((T0, T1), {T0.url: pile, T1.url: load(1)}, NOW, {T0.url: AWQ_H200})
+    assert decide(s, FOUR_MS) == ([T0.url, T1.url], Reason.HEADROOM)
+    # The EAGLE engine at its edge (4 streams) but seen to 3: its output still rising at the
+    # 4th, where the model last looks, so its peak may lie further out ...
+    past = BackendLoad(running=4, slos=((FOUR_MS.tpot_s, 4),))
+    for frontier, first, why in ((3, T0, Reason.HEADROOM), (4, L0, Reason.DRAIN)):
+        curves = {L0.url: replace(EAGLE_LITTLE, frontier=frontier), T0.url: AWQ_H200}
+        s = LoadSnapshot((L0, T0), {L0.url: past, T0.url: pile}, NOW, curves)
+        # ... seen to 4, known: it gives up 4 streams, the pile wins back 23.
+        assert decide(s, FOUR_MS)[0][0] == first.url
+        assert decide(s, FOUR_MS)[1] == why
+
+
+@pytest.mark.parametrize(
+    ("pred", "slo", "most", "at"),
+    [
+        # Up to one stream past its frontier (8): 9 streams of 10 ms, each within 25 ms.
+        (_rising(0.010, 0.0, frontier=8), 0.025, 9 / 0.010, 9),
+        # Seen everywhere: the most streams within 4 ms, 23, at 3.982 ms.
+        (AWQ_H200, 0.004, 23 / (0.00343 + 23 * 0.000024), 23),
+        (EAGLE_LITTLE, 0.004, 4 / 0.00395, 4),
+        (AWQ_H200, 0.003, 0.0, 0),  # out of reach at any load
+    ],
+)
+def test_a_backends_peak_output_for_a_class(
+    pred: Prediction, slo: float, most: float, at: int
+) -> None:
+    found = peak(Slo(tpot_s=slo).log_tpot, pred)
+    assert found == (pytest.approx(most, rel=1e-5), at)
+    assert output(Slo(tpot_s=slo).log_tpot, at, pred) == pytest.approx(most, rel=1e-5)
+
+
+def test_a_new_prediction_is_told_the_peaks_of_the_classes_in_flight() -> None:
+    fresh = _rising(0.00343, 0.000024)
+    remember_limits(fresh, [0.004, 0.025, 0.004])
+    assert set(fresh.peaks) == {Slo(tpot_s=0.004).log_tpot, Slo(tpot_s=0.025).log_tpot}
+    assert len(fresh.limits) == 1  # the tighter class's limit only
