@@ -769,8 +769,8 @@ Stat panels show the value at the end of the window (after the load), over a spa
   phase, when requests queue past the 1 s TTFT SLO. The draft acceptance is v4's cumulative
   acceptance as the gateway scrapes it (its profile's, flat), which scales v4's predicted
   curve. With `learned`, "Routing reasons" shows `predicted_slo_met`, `headroom`, `frontier`,
-  `drain` and `explore` by tier, and "Observed frontier" each backend's most streams observed climbing
-  as the load steps up (it never falls: a knee once seen stays known).
+  `drain` and `explore` by tier, and "Observed frontier" each backend's most streams observed
+  climbing as the load steps up (it never falls: a knee once seen stays known).
 - Load test: offered and completed part ways when the deployment saturates; the SLO-met share
   and E2E p99 against the 5 s SLA show what the users of that phase experienced.
 """

@@ -157,10 +157,13 @@ class Moving:
             }  # fmt: skip
             _forget(self.snap, limits=True)
             warm = getattr(learned, "remember_limits", None)
-            if warm is not None:
-                flying = {s for c in self.streams.values() for s, k in c.items() if k}
-                for pred in self.snap.curves.values():
+            peaks = getattr(learned, "remember_peaks", None)
+            flying = {s for c in self.streams.values() for s, k in c.items() if k}
+            for pred in self.snap.curves.values():
+                if warm is not None:
                     warm(pred, flying)
+                if peaks is not None:
+                    peaks(pred, flying)
             if told is not None:
                 for u, old in before.items():
                     told(self.snap.curves[u], old)

@@ -28,7 +28,7 @@ from gateway.core.exchange import Exchange
 from gateway.observe.telemetry import Telemetry
 from gateway.routing import Role
 from gateway.routing.curves import Prediction
-from gateway.routing.learned import remember_limits, remember_outlooks
+from gateway.routing.learned import remember_limits, remember_outlooks, remember_peaks
 from gateway.wire.metrics import EngineStats
 
 __all__ = ["SHOWN_CONCURRENCIES", "Learner", "engine_sample", "slo_limit"]
@@ -207,12 +207,16 @@ class Learner:
                 made.append((pred, curves.get(url)))
                 curves[url] = pred
                 self._gauges(self.registry.entry(url), pred)
-        # The classes' limits and peaks on each new prediction, found now rather than by the
-        # first decision that asks (a search or a scan per class and candidate, ~20 us each).
+        # The classes' limits on each new prediction, and the peaks of those in flight, found
+        # now rather than by the first decision that asks (a search or a scan per class and
+        # candidate, ~20 us each).
         classes = {s for e in self.registry for s, _ in (*e.slos, *e.recent)}
+        flying = {s for e in self.registry for s, _ in e.slos}
         for fresh, before in made:
-            if fresh.known and classes:
+            if fresh.known and len(classes) > 1:
                 remember_limits(fresh, classes)
+            if fresh.known and flying:
+                remember_peaks(fresh, flying)
             # ... and the outlooks decisions asked of its predecessor lately (~2 us each).
             if before is not None:
                 remember_outlooks(fresh, before)

@@ -97,7 +97,7 @@ __all__ = [
     "NOTHING", "REACH", "RETOLD", "SHORTLIST", "Learned", "Outlook", "TighterClasses",
     "candidates", "envelope", "first_stream", "guard", "kept_for_tighter", "met",
     "most_streams", "outlook",
-    "remember_limits", "remember_outlooks", "shortlist",
+    "remember_limits", "remember_outlooks", "remember_peaks", "shortlist",
 ]  # fmt: skip
 
 _FLOOR = 1e-6
@@ -369,16 +369,24 @@ def most_streams(log_slo: float, pred: Prediction) -> int:
 
 
 def remember_limits(pred: Prediction, tpot_slos: Iterable[float]) -> None:
-    """`most_streams` for each TPOT SLO in `tpot_slos` but the loosest, and `peak` for each,
-    remembered by `pred` before any decision asks: a decision asks `most_streams` only of
-    classes tighter than its request's and `peak` only of its own, and the first one after a
-    refit would otherwise compute them for every candidate (the learner calls this when it
-    hands routing new predictions, off the request path)."""
-    classes = sorted({s for s in tpot_slos if s > 0})
-    for s in classes[:-1]:
-        most_streams(log2(s) * _LN2, pred)  # the ln TighterClasses reads, to the bit
-    for s in classes:
-        peak(Slo(tpot_s=s).log_tpot, pred)  # the ln a request's Slo has, to the bit
+    """`most_streams` for each TPOT SLO in `tpot_slos` but the loosest, remembered by `pred`
+    before any decision asks: a decision asks only of classes tighter than its request's, and
+    the first one after a refit would otherwise search for every candidate (the learner calls
+    this when it hands routing new predictions, off the request path)."""
+    tighter = sorted(set(tpot_slos))[:-1]
+    for s in tighter:
+        if s > 0:
+            most_streams(log2(s) * _LN2, pred)  # the ln TighterClasses reads, to the bit
+
+
+def remember_peaks(pred: Prediction, tpot_slos: Iterable[float]) -> None:
+    """`peak` for each TPOT SLO in `tpot_slos`, remembered by `pred` before any decision asks:
+    a decision under overload asks it of its own class on every candidate (the learner calls
+    this with the classes in flight when it hands routing new predictions, off the request
+    path)."""
+    for s in set(tpot_slos):
+        if s > 0:
+            peak(Slo(tpot_s=s).log_tpot, pred)  # the ln a request's Slo has, to the bit
 
 
 def _most_streams(log_slo: float, pred: Prediction) -> int:

@@ -43,8 +43,8 @@ from gateway.routing.learned import (
     outlook,
     output,
     peak,
-    remember_limits,
     remember_outlooks,
+    remember_peaks,
     shortlist,
 )
 from tests.unit.routingfixtures import L0, MODEL, T0, T1, load, names, urls
@@ -916,6 +916,8 @@ def test_a_backends_peak_output_for_a_class(
 
 def test_a_new_prediction_is_told_the_peaks_of_the_classes_in_flight() -> None:
     fresh = _rising(0.00343, 0.000024)
-    remember_limits(fresh, [0.004, 0.025, 0.004])
+    remember_peaks(fresh, [0.004, 0.025, 0.004])
     assert set(fresh.peaks) == {Slo(tpot_s=0.004).log_tpot, Slo(tpot_s=0.025).log_tpot}
-    assert len(fresh.limits) == 1  # the tighter class's limit only
+    # ... as a decision reads them (the same ln, to the bit)
+    again = peak(math.log(0.004), _rising(0.00343, 0.000024))
+    assert fresh.peaks[Slo(tpot_s=0.004).log_tpot] == again
