@@ -891,8 +891,8 @@ def test_a_pile_drains_only_onto_a_backend_whose_peak_is_known() -> None:
         curves = {L0.url: replace(EAGLE_LITTLE, frontier=frontier), T0.url: AWQ_H200}
         s = LoadSnapshot((L0, T0), {L0.url: past, T0.url: pile}, NOW, curves)
         # ... seen to 4, known: it gives up 4 streams, the pile wins back 23.
-        assert decide(s, FOUR_MS)[0][0] == first.url
-        assert decide(s, FOUR_MS)[1] == why
+        order, reason = decide(s, FOUR_MS)
+        assert (order[0], reason) == (first.url, why)
 
 
 @pytest.mark.parametrize(
