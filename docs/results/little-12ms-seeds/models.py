@@ -4,7 +4,6 @@ each engine's request TPOTs and curve observations, and each model's TPOT table,
     python docs/results/little-12ms-seeds/models.py SEED WORKLOAD DEPLOYMENT/SHAPE/SLO"""
 
 import collections
-import functools
 import sys
 from pathlib import Path
 
@@ -47,8 +46,11 @@ def p_init(self, *a, **k):
 LM.BackendModel.__init__ = p_init
 
 
-def _q(ys: list[float], f: float) -> float:
-    return round(ys[int(len(ys) * f)] * 1e3, 2)
+def _quantiles(ys: list[float]) -> list[object]:
+    return [
+        "ms p1/p10/p50/p90/p99",
+        *(round(ys[int(len(ys) * f)] * 1e3, 2) for f in (0.01, 0.1, 0.5, 0.9, 0.99)),
+    ]
 
 
 seed, wl = int(sys.argv[1]), sys.argv[2]
@@ -58,40 +60,13 @@ r = simulate(spec)
 print("met", sum(d.met for d in r.done if d.phase is not None))
 for k, v in req.items():
     ys = sorted(y for _, y in v)
-    q = functools.partial(_q, ys)
-    print(
-        "model",
-        k % 10000,
-        "request TPOTs",
-        len(v),
-        "ms p1/p10/p50/p90/p99",
-        q(0.01),
-        q(0.1),
-        q(0.5),
-        q(0.9),
-        q(0.99),
-    )
+    print("model", k % 10000, "request TPOTs", len(v), *_quantiles(ys))
 print("curve learners:")
 for k, v in eng.items():
     ys = sorted(y for _, y in v)
     if not ys or ys[len(ys) // 2] > 0.05:
         continue
-    q = functools.partial(_q, ys)
-    print(
-        "learner",
-        k % 10000,
-        len(v),
-        "ms p1/p10/p50/p90/p99",
-        q(0.01),
-        q(0.1),
-        q(0.5),
-        q(0.9),
-        q(0.99),
-        "n max",
-        max(n for n, _ in v),
-    )
-models = {}
-o_init = LM.BackendModel.__init__
+    print("learner", k % 10000, len(v), *_quantiles(ys), "n max", max(n for n, _ in v))
 
 for m in allm:
     pr = m.prediction()

@@ -1,9 +1,11 @@
-"""One run of the learned policy, phase by phase: SLO-met requests and each engine's mean
-streams (the lease integral over the phase).
+"""One run of the learned policy (or of a fixed limit), phase by phase: SLO-met requests and
+each engine's mean streams (the lease integral over the phase).
 
     python docs/results/ridge-floor-tried/phases.py DEPLOYMENT/SHAPE/SLO SEED WORKLOAD [PARAMS]
+        [LIMIT]
 
-WORKLOAD: one-off or chat. PARAMS: policy parameters as JSON, e.g. '{"explore_rate": 0}'."""
+WORKLOAD: one-off or chat. PARAMS: policy parameters as JSON, e.g. '{"explore_rate": 0}'.
+LIMIT: a fixed latency-tier limit (the study's oracle arm) instead of the learned policy."""
 
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from gateway.routing.params import PolicyParams
 from loadtests.routing_sim.cosim import simulate
-from loadtests.routing_sim.study import Arm, spec_of
+from loadtests.routing_sim.study import Arm, oracle_arm, spec_of
 
 
 def main() -> None:
     deployment, shape, slo = sys.argv[1].split("/")
     seed, workload = int(sys.argv[2]), sys.argv[3]
     params = PolicyParams.model_validate(json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})
-    spec = spec_of((deployment, shape, slo), Arm("learned", "learned", params), seed, 20.0,
-                   workload)  # fmt: skip
+    arm = oracle_arm(int(sys.argv[5])) if len(sys.argv) > 5 else Arm("learned", "learned", params)
+    spec = spec_of((deployment, shape, slo), arm, seed, 20.0, workload)
     r = simulate(spec)
     reasons = {str(getattr(k, "value", k)): v for k, v in r.reasons.items()}
     print("met", sum(d.met for d in r.done if d.phase is not None), reasons)
