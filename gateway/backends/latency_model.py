@@ -95,12 +95,16 @@ class CurveLearner:
     """The knots of one curve: value, weight (capped at `memory`) and how many observations lie
     behind each. A knot no observation has reached holds nothing."""
 
-    __slots__ = ("memory", "seen", "values", "weights")
+    __slots__ = ("high", "low", "memory", "seen", "values", "weights")
 
     def __init__(self, memory: float) -> None:
         self.values = [0.0] * len(KNOTS)
         self.weights = [0.0] * len(KNOTS)
         self.seen = [0.0] * len(KNOTS)
+        # The least and most of the observations that moved each knot: its value is kept
+        # between them (`_add`).
+        self.low = [math.inf] * len(KNOTS)
+        self.high = [-math.inf] * len(KNOTS)
         self.memory = memory
 
     def observe(self, n: float, y: float, weight: float = 1.0) -> bool:
@@ -114,10 +118,10 @@ class CurveLearner:
             return False
         k = KNOTS
         if n <= k[0]:
-            self._add(0, y - self.values[0], weight)
+            self._add(0, y - self.values[0], weight, y)
             return True
         if n >= k[-1]:
-            self._add(len(k) - 1, y - self.values[-1], weight)
+            self._add(len(k) - 1, y - self.values[-1], weight, y)
             return True
         i = 0
         while k[i + 1] < n:
@@ -131,30 +135,45 @@ class CurveLearner:
         # never sent the streams that would have corrected it (docs/results/knot-neighbour).
         if not self.seen[i]:
             if self.seen[i + 1]:
-                v0 = v1
+                v0 = self.low[i] = self.high[i] = v1  # (the neighbour's value as one reading)
                 self.weights[i] = _NEIGHBOUR
             else:
                 v0 = y
         if not self.seen[i + 1]:
             v1 = v0
             if self.seen[i]:
+                self.low[i + 1] = self.high[i + 1] = v0
                 self.weights[i + 1] = _NEIGHBOUR
         residual = y - (v0 + f * (v1 - v0))
         self.values[i], self.values[i + 1] = v0, v1
-        self._add(i, residual, weight * (1 - f))
-        self._add(i + 1, residual, weight * f)
+        self._add(i, residual, weight * (1 - f), y)
+        self._add(i + 1, residual, weight * f, y)
         return True
 
-    def _add(self, i: int, residual: float, w: float) -> None:
+    def _add(self, i: int, residual: float, w: float, y: float) -> None:
+        """Knot `i` moved by its share `w` of `residual`, the observation `y`'s. The value
+        stays within the least and most of the observations that moved the knot: a segment's
+        two knots are a line fitted to what falls between them, and where those observations
+        crowd near one knot and scatter (steps that carried prefills, at 1.5-3 times the
+        others), the line's far end swung to values no observation had: knots of a pool
+        engine stepping at 13-36 ms read -30 and 121 ms, and their isotonic fit 9.7 ms flat."""
         if w <= 0:
             return
+        low, high = self.low, self.high
+        if y < low[i]:
+            low[i] = y
+        if y > high[i]:
+            high[i] = y
         self.weights[i] = min(self.weights[i] + w, self.memory)
-        self.values[i] += (w / self.weights[i]) * residual
+        v = self.values[i] + (w / self.weights[i]) * residual
+        self.values[i] = low[i] if v < low[i] else (high[i] if v > high[i] else v)
         self.seen[i] = min(self.seen[i] + w, self.memory)
 
     def scale(self, factor: float) -> None:
         if factor > 0 and math.isfinite(factor):
             self.values = [v * factor for v in self.values]
+            self.low = [v * factor for v in self.low]
+            self.high = [v * factor for v in self.high]
 
     def points(self) -> list[tuple[int, float]]:
         """(knot, fitted value) of the knots with observations: their isotonic fit."""

@@ -25,7 +25,7 @@ from gateway.backends.latency_model import (
     prompt_per_step,
     with_mate,
 )
-from gateway.routing.curves import TABLE_MAX, Curve, Prediction
+from gateway.routing.curves import KNOTS, TABLE_MAX, Curve, Prediction
 
 
 def true_step(n: float) -> float:
@@ -114,6 +114,56 @@ def test_a_knots_first_reading_next_to_a_seen_one_is_weighed_against_it(
     for n, y in readings:
         learner.observe(n, y)
     assert dict(learner.points())[6] == at_6
+
+
+# Steps of a pool engine that decodes in 14 ms, crowding near the knot at 16: the readings that
+# carried prefills scatter to 60 ms (drawn once from those four loads and four values).
+_CROWDED = [
+    (18.0, 0.016), (16.2, 0.036), (16.1, 0.06), (18.0, 0.014), (16.1, 0.036), (18.0, 0.014),
+    (16.2, 0.036), (18.0, 0.016), (18.0, 0.014), (16.2, 0.06), (16.5, 0.06), (16.2, 0.036),
+    (16.5, 0.016), (16.2, 0.016), (18.0, 0.016), (16.5, 0.06), (16.2, 0.014), (18.0, 0.036),
+    (16.1, 0.014), (16.1, 0.036), (16.5, 0.016), (16.2, 0.036), (16.1, 0.06), (16.1, 0.036),
+    (16.1, 0.016), (16.5, 0.014), (16.2, 0.014), (18.0, 0.016), (16.1, 0.036), (18.0, 0.016),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "readings"),
+    [
+        # The line through the knots at 16 and 20, fitted to these, put 20 at 5 ms.
+        ("crowded near one knot", _CROWDED),
+        ("the same, reversed", _CROWDED[::-1]),
+        ("on the knot itself", [(16.0, y) for _, y in _CROWDED]),
+    ],
+)
+def test_a_knot_stays_within_the_readings_that_moved_it(
+    case: str, readings: list[tuple[float, float]]
+) -> None:
+    """Readings that crowd near one knot of a segment and scatter tilt the line its two knots
+    are fitted as; its far end once swung to values no reading had (a pool engine's knots at
+    -30 and 121 ms, their isotonic fit 9.7 ms flat: docs/results/little-12ms-seeds)."""
+    learner = CurveLearner(memory=16)
+    for n, y in readings:
+        learner.observe(n, y)
+    for knot in (16, 20):
+        i = KNOTS.index(knot)
+        if learner.seen[i]:
+            assert 0.014 <= learner.values[i] <= 0.060, (case, knot)
+
+
+def test_a_knots_bounds_count_its_neighbours_value_and_follow_a_rescale() -> None:
+    """A knot's first reading beside a seen knot counts the neighbour's value as one reading
+    (docs/results/knot-neighbour): between the two, not at the reading."""
+    learner = CurveLearner(memory=16)
+    for _ in range(16):
+        learner.observe(4, 0.010)
+    learner.observe(6, 0.015)
+    assert learner.values[KNOTS.index(6)] == pytest.approx(0.0125)
+    # An acceptance shift rescales the knots and what bounds them alike (bounds left as they
+    # were would hold the knot at 0.022 here).
+    learner.scale(2.0)
+    learner.observe(6, 0.022)
+    assert learner.values[KNOTS.index(6)] == pytest.approx(0.024)
 
 
 def test_a_shift_is_followed_where_the_engine_runs() -> None:
