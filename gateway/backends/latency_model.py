@@ -154,7 +154,7 @@ class CurveLearner:
         """Knot `i` moved by its share `w` of `residual`, the observation `y`'s. The value
         stays within the least and most of the observations that moved the knot: a segment's
         two knots are a line fitted to what falls between them, and where those observations
-        crowd near one knot and scatter (steps that carried prefills, at 1.5-3 times the
+        crowd near one knot and scatter (steps that carried prefills, up to tens of times the
         others), the line's far end swung to values no observation had: knots of a pool
         engine stepping at 13-36 ms read -30 and 121 ms, and their isotonic fit 9.7 ms flat."""
         if w <= 0:
