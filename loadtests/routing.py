@@ -302,11 +302,21 @@ def _report(
             verdicts.append(_verdict(met) if GOLDEN in met and len(met) > 1 else None)
         whole = {p: sum(round(x.goodput * x.seconds) for x in s) for p, s in per_policy.items()}
         seconds = {p: sum(x.seconds for x in s) for p, s in per_policy.items()}
+        # Each round's own count (rounds in the order run, the policies' order rotating): the
+        # spread across rounds, beside the pooled count's counting noise.
+        per_round = {p: [sum(round(x.goodput * x.seconds)
+                             for x in phase_stats([one], SHAPES[shape], slo, speedup))
+                         for one in runs[(shape, p)]]
+                     for p in policies}  # fmt: skip
         report["shapes"][shape] = {
             "users": list(SHAPES[shape]),
             "policies": {p: [asdict(x) for x in s] for p, s in per_policy.items()},
             "phase_verdicts": verdicts,
-            "whole": {p: {"slo_met": whole[p], "goodput": whole[p] / seconds[p]} for p in policies},
+            "whole": {
+                p: {"slo_met": whole[p], "goodput": whole[p] / seconds[p],
+                    "per_round": per_round[p]}
+                for p in policies
+            },
             "whole_verdict": _verdict(whole, strict=True)
             if GOLDEN in whole and len(whole) > 1
             else None,
@@ -421,6 +431,23 @@ def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
     for v in data.get("peer_verdicts") or ():
         lines.append(f"whole run: {v['policy']} {v['ours']} SLO-met vs {v['peer']} "
                      f"{v['theirs']} (noise ±{v['noise']}): {b}{v['text']}{b}")  # fmt: skip
+    return lines + _round_lines(data["whole"])
+
+
+def _round_lines(whole: dict[str, Any]) -> list[str]:
+    """Each policy's SLO-met count per round, and learned's (else golden-range's) ratio to each
+    other policy round by round; nothing with one round."""
+    rounds = {p: w.get("per_round") or [] for p, w in whole.items()}
+    if max((len(r) for r in rounds.values()), default=0) < 2:
+        return []
+    lines = ["SLO-met per round (in the order run, the policies' order rotating): "
+             + "; ".join(f"{p} {' / '.join(map(str, r))}" for p, r in rounds.items())]  # fmt: skip
+    ours = next((p for p in (LEARNED, GOLDEN) if p in rounds), None)
+    for p, r in rounds.items():
+        if ours is None or p == ours or len(r) != len(rounds[ours]):
+            continue
+        ratios = [f"{a / b:.2f}x" if b else "inf" for a, b in zip(rounds[ours], r, strict=True)]
+        lines.append(f"{ours} / {p} per round: {', '.join(ratios)}")
     return lines
 
 
@@ -466,7 +493,8 @@ def _markdown(report: dict[str, Any], slo: Slo, how: tuple[float, int, float], n
     flags += " --peers" if list(asked) == list(PEER_POLICIES) else "".join(
         f" --peer {p}" for p in asked)  # fmt: skip
     spread = ("; with one round there is no spread across rounds to show" if rounds == 1 else
-              f"; the counts pool {rounds} rounds, the order rotating")  # fmt: skip
+              f"; the counts pool {rounds} rounds, the order rotating, each round's own count "
+              "under each table")  # fmt: skip
     lines = [
         f"# Routing policies compared: {dep['name']} deployment",
         "",

@@ -11,7 +11,14 @@ import pytest
 
 from loadtests.harness.peerenv import PEERS, litellm_config, scrub
 from loadtests.harness.phases import PhaseStats
-from loadtests.routing import PEER_POLICIES, _engine_split, _tiers, peer_spec, peer_verdicts
+from loadtests.routing import (
+    PEER_POLICIES,
+    _engine_split,
+    _round_lines,
+    _tiers,
+    peer_spec,
+    peer_verdicts,
+)
 
 
 def test_peer_specs_name_a_router_and_one_of_its_policies() -> None:
@@ -55,6 +62,31 @@ def test_tiergate_policies_against_each_peer_with_the_counting_noise() -> None:
     assert got[("golden-range", "smg:cache_aware")]["text"] == "higher"
     assert peer_verdicts({"learned": 10, "smg:cache_aware": 90})[0]["text"] == "LOWER"
     assert peer_verdicts({"learned": 10, "golden-range": 12}) == []  # no peer ran
+
+
+@pytest.mark.parametrize(
+    ("rounds", "want"),
+    [
+        # One round: no spread to show.
+        ({"learned": [800], "smg:power_of_two": [600]}, []),
+        # learned against each other policy, round by round, in the order run.
+        ({"learned": [820, 780], "golden-range": [800, 800], "smg:power_of_two": [410, 0]},
+         ["SLO-met per round (in the order run, the policies' order rotating): "
+          "learned 820 / 780; golden-range 800 / 800; smg:power_of_two 410 / 0",
+          "learned / golden-range per round: 1.02x, 0.97x",
+          "learned / smg:power_of_two per round: 2.00x, inf"]),
+        # Without learned, golden-range is the one compared.
+        ({"golden-range": [300, 330], "vllm-router:power_of_two": [200, 300]},
+         ["SLO-met per round (in the order run, the policies' order rotating): "
+          "golden-range 300 / 330; vllm-router:power_of_two 200 / 300",
+          "golden-range / vllm-router:power_of_two per round: 1.50x, 1.10x"]),
+    ],
+)  # fmt: skip
+def test_each_rounds_count_and_ratio_are_reported(
+    rounds: dict[str, list[int]], want: list[str]
+) -> None:
+    whole = {p: {"slo_met": sum(r), "goodput": 1.0, "per_round": r} for p, r in rounds.items()}
+    assert _round_lines(whole) == want
 
 
 def test_litellm_spreads_over_every_worker_under_one_model_name() -> None:
