@@ -23,9 +23,9 @@ fi
 extras=(--extra native)
 for e in "$@"; do extras+=(--extra "$e"); done
 # --inexact keeps uv itself (and anything else the user added) in the venv. Bytecode is
-# compiled ahead (the environment's when uv installs, the project's each time, ~1 s): where
-# PYTHONDONTWRITEBYTECODE is set, every process started (a gateway, a simulator; the tests start
-# hundreds) would otherwise compile its modules from source: a gateway's start 2.46 s against
+# compiled ahead (the environment's when uv installs, the project's each time, under a second):
+# where PYTHONDONTWRITEBYTECODE is set, every process started (a gateway, a simulator: the tests
+# start many) would otherwise compile its modules from source: a gateway's start 2.46 s against
 # 1.06, a simulator's 0.82 against 0.46 (docs/results/bytecode).
 UV_PROJECT_ENVIRONMENT=.venv .venv/bin/uv sync -q --frozen --inexact --compile-bytecode "${extras[@]}"
 .venv/bin/python -m compileall -q gateway engines loadtests tiergate >/dev/null
