@@ -431,7 +431,18 @@ def _verdict_lines(data: dict[str, Any], bold: bool = False) -> list[str]:
     for v in data.get("peer_verdicts") or ():
         lines.append(f"whole run: {v['policy']} {v['ours']} SLO-met vs {v['peer']} "
                      f"{v['theirs']} (noise ±{v['noise']}): {b}{v['text']}{b}")  # fmt: skip
-    return lines + _round_lines(data["whole"])
+    return lines + _round_lines(data["whole"]) + _error_lines(data)
+
+
+def _error_lines(data: dict[str, Any]) -> list[str]:
+    """One line per policy whose requests ended in errors: how many of each kind, by phase."""
+    lines = []
+    for p, stats in data["policies"].items():
+        parts = [f"phase {s['phase'] + 1} {kind} x {n}" for s in stats
+                 for kind, n in sorted((s.get("errors_by_kind") or {}).items())]  # fmt: skip
+        if parts:
+            lines.append(f"errors, {p}: {', '.join(parts)}")
+    return lines
 
 
 def _round_lines(whole: dict[str, Any]) -> list[str]:

@@ -36,6 +36,23 @@ class Result:
         return self.error is None and self.status == 200
 
     @property
+    def error_kind(self) -> str | None:
+        """What went wrong, in a word the reports can count: the HTTP status of an answer
+        other than 200, the `type` of an error event in a stream, or the client's exception
+        (a timeout, a broken connection); None for a request that succeeded."""
+        if self.ok:
+            return None
+        if self.status and self.status != 200:
+            return f"HTTP {self.status}"
+        text = self.error or ""
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return text.split(":", 1)[0] or "unknown"
+        kind = (event.get("type") or event.get("code")) if isinstance(event, dict) else None
+        return f"stream error {kind}" if kind else "stream error"
+
+    @property
     def tpot(self) -> float | None:
         if self.ttft is None or self.e2e is None or self.tokens < 2:
             return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -53,6 +53,7 @@ class PhaseStats:
     tok_s: float
     goodput: float  # requests meeting every SLO, per second
     by_tier: dict[str, int]
+    errors_by_kind: dict[str, int] = field(default_factory=dict)  # Result.error_kind: count
 
 
 async def run_phases(
@@ -130,12 +131,15 @@ def phase_stats(
         ttft = [r.ttft * scale for r in ok if r.ttft is not None]
         tpot = [t * scale for r in ok if (t := r.tpot) is not None]
         tiers: dict[str, int] = {}
+        kinds: dict[str, int] = {}
         for r in done:
             tier = r.headers.get("x-tiergate-tier", "none")
             tiers[tier] = tiers.get(tier, 0) + 1
+            if (kind := r.error_kind) is not None:
+                kinds[kind] = kinds.get(kind, 0) + 1
         out.append(PhaseStats(
             i, n_users, span, len(done), len(done) - len(ok),
             percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99),
-            tokens / span, sum(slo.met(r, scale) for r in done) / span, tiers,
+            tokens / span, sum(slo.met(r, scale) for r in done) / span, tiers, kinds,
         ))  # fmt: skip
     return out

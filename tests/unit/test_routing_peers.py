@@ -4,16 +4,19 @@ are judged against tiergate's policies with the counting noise."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 
+from loadtests.harness.client import Result
 from loadtests.harness.peerenv import PEERS, litellm_config, scrub
-from loadtests.harness.phases import PhaseStats
+from loadtests.harness.phases import PhaseStats, Slo, phase_stats
 from loadtests.routing import (
     PEER_POLICIES,
     _engine_split,
+    _error_lines,
     _round_lines,
     _tiers,
     peer_spec,
@@ -87,6 +90,37 @@ def test_each_rounds_count_and_ratio_are_reported(
 ) -> None:
     whole = {p: {"slo_met": sum(r), "goodput": 1.0, "per_round": r} for p, r in rounds.items()}
     assert _round_lines(whole) == want
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "want"),
+    [
+        (200, None, None),
+        (429, '{"error": {"message": "no backend has room", "type": "overloaded"}}', "HTTP 429"),
+        (503, None, "HTTP 503"),
+        (0, "TimeoutError: ", "TimeoutError"),
+        (0, "ClientPayloadError: Response payload is not completed", "ClientPayloadError"),
+        (200, '{"message": "the stream ended before [DONE]", "type": "upstream_error"}',
+         "stream error upstream_error"),
+        (200, '{"message": "x", "code": 502}', "stream error 502"),
+        (200, '{"message": "x"}', "stream error"),
+        (200, "", "unknown"),
+    ],
+)  # fmt: skip
+def test_a_failed_request_is_counted_by_its_kind(status: int, error: str | None,
+                                                 want: str | None) -> None:  # fmt: skip
+    assert Result(0, 1, 0.0, status=status, error=error).error_kind == want
+
+
+def test_each_policys_errors_are_listed_by_phase_and_kind() -> None:
+    ok = Result(0, 1, 0.0, status=200, ttft=0.1, e2e=0.2, tokens=3)
+    late = Result(1, 1, 0.0, status=429, error="full", e2e=1.5)
+    cut = Result(2, 1, 0.0, status=200, error="TimeoutError: ", e2e=1.6)
+    stats = phase_stats([([ok, late, cut], [0.0, 1.0, 2.0])], (1, 8), Slo())
+    assert [s.errors_by_kind for s in stats] == [{}, {"HTTP 429": 1, "TimeoutError": 1}]
+    data = {"policies": {"learned": [dataclasses.asdict(s) for s in stats],
+                         "golden-range": [dataclasses.asdict(stats[0])]}}  # fmt: skip
+    assert _error_lines(data) == ["errors, learned: phase 2 HTTP 429 x 1, phase 2 TimeoutError x 1"]
 
 
 def test_litellm_spreads_over_every_worker_under_one_model_name() -> None:
