@@ -439,7 +439,7 @@ def _error_lines(data: dict[str, Any]) -> list[str]:
     lines = []
     for p, stats in data["policies"].items():
         parts = [f"phase {s['phase'] + 1} {kind} x {n}" for s in stats
-                 for kind, n in sorted((s.get("errors_by_kind") or {}).items())]  # fmt: skip
+                 for kind, n in sorted(s["errors_by_kind"].items())]  # fmt: skip
         if parts:
             lines.append(f"errors, {p}: {', '.join(parts)}")
     return lines
@@ -447,18 +447,19 @@ def _error_lines(data: dict[str, Any]) -> list[str]:
 
 def _round_lines(whole: dict[str, Any]) -> list[str]:
     """Each policy's SLO-met count per round, and learned's (else golden-range's) ratio to each
-    other policy round by round; nothing with one round."""
-    rounds = {p: w.get("per_round") or [] for p, w in whole.items()}
-    if max((len(r) for r in rounds.values()), default=0) < 2:
+    other policy round by round; nothing with one round. Every policy ran every round."""
+    rounds = {p: w["per_round"] for p, w in whole.items()}
+    if len(next(iter(rounds.values()))) < 2:
         return []
     lines = ["SLO-met per round (in the order run, the policies' order rotating): "
              + "; ".join(f"{p} {' / '.join(map(str, r))}" for p, r in rounds.items())]  # fmt: skip
     ours = next((p for p in (LEARNED, GOLDEN) if p in rounds), None)
+    if ours is None:
+        return lines
     for p, r in rounds.items():
-        if ours is None or p == ours or len(r) != len(rounds[ours]):
-            continue
-        ratios = [f"{a / b:.2f}x" if b else "inf" for a, b in zip(rounds[ours], r, strict=True)]
-        lines.append(f"{ours} / {p} per round: {', '.join(ratios)}")
+        if p != ours:
+            ratios = [f"{a / b:.2f}x" if b else "inf" for a, b in zip(rounds[ours], r, strict=True)]
+            lines.append(f"{ours} / {p} per round: {', '.join(ratios)}")
     return lines
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -130,16 +131,11 @@ def phase_stats(
         ok = [r for r in done if r.ok]
         ttft = [r.ttft * scale for r in ok if r.ttft is not None]
         tpot = [t * scale for r in ok if (t := r.tpot) is not None]
-        tiers: dict[str, int] = {}
-        kinds: dict[str, int] = {}
-        for r in done:
-            tier = r.headers.get("x-tiergate-tier", "none")
-            tiers[tier] = tiers.get(tier, 0) + 1
-            if (kind := r.error_kind) is not None:
-                kinds[kind] = kinds.get(kind, 0) + 1
+        tiers = Counter(r.headers.get("x-tiergate-tier", "none") for r in done)
+        kinds = Counter(kind for r in done if (kind := r.error_kind) is not None)
         out.append(PhaseStats(
             i, n_users, span, len(done), len(done) - len(ok),
             percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99),
-            tokens / span, sum(slo.met(r, scale) for r in done) / span, tiers, kinds,
+            tokens / span, sum(slo.met(r, scale) for r in done) / span, dict(tiers), dict(kinds),
         ))  # fmt: skip
     return out
