@@ -73,10 +73,7 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw: Gateway = scope["state"]["gateway"]
         ex = gw.intake.open(self.endpoint, scope, send)
-        # Taken out of the scope, not read: the writer holds the request's cycle, which holds
-        # the scope, so left there it made a reference cycle of every request (its cycle, writer,
-        # scope, event, lists: about ten objects) that only the cycle collector could free.
-        ex.writer = scope.pop(CONNECTION_WRITER, None)
+        ex.writer = scope.get(CONNECTION_WRITER)
         if gw.tracing is not None:
             ex.trace = gw.tracing.begin(ex)
         # ASGI servers run each request in a task of its own: the drain may cancel it.

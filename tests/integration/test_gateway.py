@@ -216,7 +216,7 @@ def test_side_endpoints_and_metrics(stack: Stack) -> None:
 def test_requests_leave_no_reference_cycles(stack: Stack) -> None:
     """What a request allocates is freed by reference counting when it ends: the cycle
     collector finds less than one object a request (a request's own cycle, once, left about
-    ten each, and every collection paid for them)."""
+    ten each, proxied or answered by the gateway itself, and every collection paid for them)."""
     gw = stack.gateway.url
 
     def collected() -> float:
@@ -231,6 +231,9 @@ def test_requests_leave_no_reference_cycles(stack: Stack) -> None:
             # streamed and whole answers, as the relay writes each its own way
             body = BODY | {"max_tokens": 2, "stream": i % 2 == 0}
             assert client.post("/v1/completions", json=body).status_code == 200
+            # and what the gateway answers itself (probes, client mistakes)
+            assert client.get("/health").status_code == 200
+            assert client.post("/v1/completions", json={"model": MODEL}).status_code == 400
     # Ten objects a request left for the collector would pass its first generation's
     # threshold (700) a few times over: it ran, and found them.
     assert collected() - before < requests
