@@ -48,10 +48,9 @@ import operator
 import signal
 import socket
 import time
-import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import httptools
 import uvicorn
@@ -133,17 +132,13 @@ class ConnectionWriter:
     __slots__ = ("_cycle", "_head", "_start", "_transport")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        # Weakly: the writer lives in the cycle's scope, and a strong reference back made a
-        # reference cycle of every request (cycle, scope, writer, event, lists: about ten
-        # objects) that only the cycle collector freed (docs/results/gc-cycles). The request's
-        # task holds its cycle for as long as anything writes through this.
-        self._cycle = cast(Callable[[], RequestResponseCycle], weakref.ref(cycle))
+        self._cycle = cycle
         self._transport: asyncio.Transport = cycle.transport
         self._head: bytes | None = None
         self._start: bytes | None = None  # a chunked answer's start, held for its first chunk
 
     def chunk(self, body: bytes) -> bool:
-        cycle = self._cycle()
+        cycle = self._cycle
         if cycle.disconnected:
             return False  # as `send` does: the app learns it through CLIENT_GONE
         if not cycle.chunked_encoding or cycle.response_complete:
@@ -162,7 +157,7 @@ class ConnectionWriter:
         without a length, the bytes held for the first `chunk`, `end` or `flush`. False,
         nothing written, where `send` must do it (`_head_bytes` says when, and a status
         without a body)."""
-        cycle = self._cycle()
+        cycle = self._cycle
         if cycle.disconnected:
             return not cycle.response_started  # as `send` then: nothing written
         if status in (204, 304):  # no body: `send` frames neither
@@ -177,15 +172,14 @@ class ConnectionWriter:
     def flush(self) -> None:
         """The start `begin` held, written now (the first chunk is not in hand)."""
         start, self._start = self._start, None
-        cycle = self._cycle()
-        if start is not None and not cycle.disconnected:
-            cycle.transport.write(start)
+        if start is not None and not self._cycle.disconnected:
+            self._cycle.transport.write(start)
 
     def end(self, tail: bytes) -> None:
         """The chunked answer's last chunk (`tail`, may be empty) and its end, as `send` writes
         an `http.response.body` message without more to come, with the cycle's state left as
         `send` leaves it."""
-        cycle = self._cycle()
+        cycle = self._cycle
         if cycle.disconnected:
             return  # as `send` does
         if not cycle.chunked_encoding or cycle.response_complete:
@@ -197,7 +191,7 @@ class ConnectionWriter:
 
     def _completed(self) -> None:
         """The cycle's state and its connection as `send` leaves them after an answer's end."""
-        cycle = self._cycle()
+        cycle = self._cycle
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
@@ -212,7 +206,7 @@ class ConnectionWriter:
         marked started; None where `send` must write them: the answer begun, a client not
         reading (`send` waits for it), an access log to write, a HEAD request, framing headers
         of the caller's, a header `send` would refuse (it says why)."""
-        cycle = self._cycle()
+        cycle = self._cycle
         if (cycle.response_started or cycle.flow.write_paused or cycle.access_log
                 or cycle.scope["method"] == "HEAD"):  # fmt: skip
             return None
@@ -249,7 +243,7 @@ class ConnectionWriter:
         `send` writes an `http.response.start` and an `http.response.body` message that ends
         it, with the cycle's state left as `send` leaves it. False, nothing written, where
         `send` must do it (`_head_bytes` says when)."""
-        cycle = self._cycle()
+        cycle = self._cycle
         if cycle.disconnected:
             return not cycle.response_started  # as `send` then: nothing written
         every = [*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))]
@@ -262,7 +256,7 @@ class ConnectionWriter:
         return True
 
     async def drain(self) -> None:
-        cycle = self._cycle()
+        cycle = self._cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
 
@@ -271,13 +265,13 @@ class ConnectionWriter:
         return self
 
     def __enter__(self) -> None:
-        cycle = self._cycle()
+        cycle = self._cycle
         self._transport, self._head = cycle.transport, None
         cycle.transport = self  # type: ignore[assignment]
 
     def __exit__(self, *exc: object) -> None:
         transport = self._transport
-        self._cycle().transport = transport
+        self._cycle.transport = transport
         head, self._head = self._head, None
         if head and not transport.is_closing():  # a start and no body after it
             transport.write(head)
