@@ -77,7 +77,7 @@ class Proxy:
         # the scope, so left there it made a reference cycle of every request (its cycle, writer,
         # scope, event, lists: about ten objects) that only the cycle collector could free. (Held
         # weakly by the writer instead, a small request took 1.007x the instructions of the
-        # tree before, against 0.992x this way: docs/results/gc-cycles.)
+        # tree before, against 0.993x this way: docs/results/gc-cycles.)
         ex.writer = scope.pop(CONNECTION_WRITER, None)
         if gw.tracing is not None:
             ex.trace = gw.tracing.begin(ex)

@@ -406,7 +406,6 @@ def test_the_broken_engines_left_no_connection_stuck(gateway: str) -> None:
     assert _sse_text(r.text)[0] == "".join(TEXT)
 
 
-
 def _collected(gateway: str) -> float:
     """Objects the gateway's cycle collector has found so far (its own /metrics)."""
     return sum(
