@@ -13,8 +13,8 @@ import httpx
 
 from loadtests.harness.stack import MODEL, Stack, add_gateway, config, start_stack
 
-__all__ = ["MODEL", "Stack", "add_gateway", "affinity_outcomes", "config", "start_stack",
-           "wait_until", "wait_until_async"]  # fmt: skip
+__all__ = ["MODEL", "Stack", "add_gateway", "affinity_outcomes", "config", "gc_collected",
+           "start_stack", "wait_until", "wait_until_async"]  # fmt: skip
 
 T = TypeVar("T")
 WAIT_S = 20.0  # generous: the machine may be busy
@@ -59,3 +59,13 @@ def affinity_outcomes(gateway_url: str) -> Counter[str]:
             tier = line.split('tier="', 1)[1].split('"', 1)[0]
             out[f"{outcome} {tier}"] += int(float(line.rsplit(" ", 1)[1]))
     return out
+
+
+def gc_collected(gateway_url: str) -> float:
+    """Objects the gateway's cycle collector has found so far, all generations (its own
+    /metrics); fails where the page has no such series."""
+    page = httpx.get(gateway_url + "/metrics").text
+    found = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+             if line.startswith("python_gc_objects_collected_total{")]  # fmt: skip
+    assert found, "no python_gc_objects_collected_total on /metrics"
+    return sum(found)

@@ -19,6 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.procs import GatewayProcess
+from tests.integration.stack import gc_collected
 
 Writer = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
@@ -406,21 +407,11 @@ def test_the_broken_engines_left_no_connection_stuck(gateway: str) -> None:
     assert _sse_text(r.text)[0] == "".join(TEXT)
 
 
-def _collected(gateway: str) -> float:
-    """Objects the gateway's cycle collector has found so far (its own /metrics)."""
-    return sum(
-        s.value
-        for f in text_string_to_metric_families(httpx.get(gateway + "/metrics").text)
-        if f.name == "python_gc_objects_collected"
-        for s in f.samples
-    )  # fmt: skip
-
-
 def test_engines_that_close_each_connection_leave_no_reference_cycles(gateway: str) -> None:
     """A connection closed by its engine after every answer is freed with it (its protocol,
     parser and transport), not left for the cycle collector: one such cycle a request, else."""
     requests = 120
-    before = _collected(gateway)
+    before = gc_collected(gateway)
     with contextlib.closing(httpx.Client(timeout=10)) as c:
         for i in range(requests):
             stream = i % 2 == 0
@@ -430,4 +421,4 @@ def test_engines_that_close_each_connection_leave_no_reference_cycles(gateway: s
             assert r.status_code == 200
     # (A cycle of a few objects a request would pass the collector's first threshold, 700,
     # and be found.)
-    assert _collected(gateway) - before < requests
+    assert gc_collected(gateway) - before < requests

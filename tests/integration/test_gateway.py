@@ -16,7 +16,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.stack import MODEL, Stack, start_stack, wait_until, wait_until_async
+from tests.integration.stack import (
+    MODEL,
+    Stack,
+    gc_collected,
+    start_stack,
+    wait_until,
+    wait_until_async,
+)
 
 # Bounds on time and placement: run after the parallel tests, alone (scripts/test).
 pytestmark = pytest.mark.serial
@@ -218,14 +225,8 @@ def test_requests_leave_no_reference_cycles(stack: Stack) -> None:
     collector finds less than one object a request (a request's own cycle, once, left about
     ten each, proxied or answered by the gateway itself, and every collection paid for them)."""
     gw = stack.gateway.url
-
-    def collected() -> float:
-        fams = families(gw)
-        assert "python_gc_objects_collected" in fams
-        return total(fams, "python_gc_objects_collected", "python_gc_objects_collected_total")
-
     requests = 200
-    before = collected()
+    before = gc_collected(gw)
     with httpx.Client(base_url=gw, timeout=30) as client:
         for i in range(requests):
             # streamed and whole answers, as the relay writes each its own way
@@ -236,7 +237,7 @@ def test_requests_leave_no_reference_cycles(stack: Stack) -> None:
             assert client.post("/v1/completions", json={"model": MODEL}).status_code == 400
     # Ten objects a request left for the collector would pass its first generation's
     # threshold (700) a few times over: it ran, and found them.
-    assert collected() - before < requests
+    assert gc_collected(gw) - before < requests
 
 
 def test_an_engine_error_event_mid_stream_is_relayed_and_counted(stack: Stack) -> None:
