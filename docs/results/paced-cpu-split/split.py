@@ -1,0 +1,105 @@
+"""User and system CPU per paced small request (64 connections, 400 requests a second, one
+`instant` simulator: `bench peers`' paced cell), read apart from /proc: `tiergate serve`, vLLM's
+router (from `bench peers`' own environment of the peers) and, with --python or --burn, a second
+`tiergate serve` that differs in one thing: another interpreter, or a known amount of
+interpreted work added to each request (burn/sitecustomize.py). The targets' order alternates
+round by round. From the repository's root:
+
+    python docs/results/paced-cpu-split/split.py ROUNDS [--python PATH | --burn K]
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+sys.path.insert(0, os.getcwd())
+from loadtests import peers
+from loadtests.harness.procs import GatewayProcess
+from loadtests.harness.proxied import Target, gateway_config, paced_small, small_body
+
+MODEL = "meta-llama/Llama-2-7b-chat-hf"
+TICK = os.sysconf("SC_CLK_TCK")
+HERE = Path(__file__).resolve().parent
+
+
+def user_sys(pids: list[int]) -> tuple[float, float]:
+    user = system = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+    return user / TICK, system / TICK
+
+
+class OtherPython(GatewayProcess):
+    python: str = sys.executable
+
+    def command(self) -> list[str]:
+        return [self.python, "-P", "-m", "tiergate", *self.argv()]
+
+
+def variant(args: argparse.Namespace, sim_url: str, tmp: Path, stack: contextlib.ExitStack,
+            ) -> Target | None:  # fmt: skip
+    if args.python is None and args.burn is None:
+        return None
+    config = tmp / "variant.yaml"
+    config.write_text(yaml.safe_dump(gateway_config(sim_url, MODEL)))
+    if args.python is not None:
+        gw = OtherPython(config=config, log=tmp / "variant.log")
+        gw.python, name = args.python, f"tiergate on {args.python}"
+    else:
+        env = {"PYTHONPATH": f"{HERE / 'burn'}{os.pathsep}{os.getcwd()}",
+               "TIERGATE_BURN": str(args.burn)}  # fmt: skip
+        gw = GatewayProcess(config=config, log=tmp / "variant.log", env=env)
+        name = f"tiergate + {args.burn} loop iterations"
+    stack.enter_context(gw)
+    return Target(name, gw.url, lambda: [gw.pid])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rounds", type=int)
+    ap.add_argument("--python")
+    ap.add_argument("--burn", type=int)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    args = ap.parse_args()
+    opts = peers.Options(targets=("tiergate", "vllm-router"), install=False)
+    per: dict[str, list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        targets_up = peers.running_targets(opts, Path(tmp), MODEL, [], Console(stderr=True))
+        running, versions = stack.enter_context(targets_up)
+        direct = next(t for t in running if t.name == "direct")
+        targets = [t for t in running if t.name != "direct"]
+        if (other := variant(args, direct.url, Path(tmp), stack)) is not None:
+            targets.insert(1, other)
+        print("versions:", versions)
+        payload = json.dumps(small_body(MODEL)).encode()
+        for r in range(args.rounds):
+            for t in targets if r % 2 == 0 else targets[::-1]:
+                pids = t.server_pids()
+                u0, s0 = user_sys(pids)
+                samples = asyncio.run(paced_small(f"{t.url}/v1/completions", payload, 64, 400,
+                                                  args.seconds, pids))  # fmt: skip
+                u1, s1 = user_sys(pids)
+                n = len(samples.values)
+                user, system = 1000 * (u1 - u0) / n, 1000 * (s1 - s0) / n
+                per.setdefault(t.name, []).append((user, system))
+                print(f"round {r + 1} {t.name}: {n} requests, user {user:.3f} ms, "
+                      f"system {system:.3f} ms a request", flush=True)  # fmt: skip
+    print("median of the rounds (ms a request): user / system / both")
+    for name, rows in per.items():
+        print(f"  {name}: {statistics.median(u for u, _ in rows):.3f} / "
+              f"{statistics.median(s for _, s in rows):.3f} / "
+              f"{statistics.median(u + s for u, s in rows):.3f}")  # fmt: skip
+
+
+main()
