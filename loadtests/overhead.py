@@ -63,7 +63,17 @@ from rich.table import Table
 from engines.sim.profile import load_profile
 from loadtests.common.options import setup_logging
 from loadtests.common.report import OutputPaths, finish_markdown, save
-from loadtests.common.stats import Added, Cpu, Samples, Stat, cpu_of, json_safe, ms, ratio, rotation
+from loadtests.common.stats import (
+    Added,
+    Cpu,
+    Samples,
+    Stat,
+    cpu_split,
+    json_safe,
+    ms,
+    ratio,
+    rotation,
+)
 from loadtests.harness.baseline import (
     Baseline,
     baseline_gateway,
@@ -167,6 +177,7 @@ class WrkRun:
     errors: int  # non-2xx answers plus socket errors
     server_cpu_cores: float  # CPU of the process wrk talks to (nginx: its worker)
     server_cpu_s: float = 0.0  # the same, in CPU seconds over the run
+    server_system_s: float = 0.0  # of it, the system's
 
 
 @dataclass(frozen=True)
@@ -396,7 +407,7 @@ async def run_wrk(
     cmd = [binary, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "-s", str(script),
            *([f"--timeout={timeout_s}s"] if timeout_s else []),
            target.url + "/v1/completions"]  # fmt: skip
-    c0, t0 = cpu_of(pids), time.perf_counter()
+    c0, t0 = cpu_split(pids), time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
@@ -406,13 +417,15 @@ async def run_wrk(
         if proc.returncode is None:  # cancelled (Ctrl-C): do not leave wrk running
             proc.kill()
             await proc.wait()
-    cpu_s = cpu_of(pids) - c0
+    c1 = cpu_split(pids)
+    system_s = c1[1] - c0[1]
+    cpu_s = c1[0] - c0[0] + system_s
     cores = cpu_s / (time.perf_counter() - t0)
     output = stdout.decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"wrk exited with {proc.returncode}:\n{output}")
     rps, requests, errors = parse_wrk(output)
-    return WrkRun(rps, requests, errors, cores, cpu_s)
+    return WrkRun(rps, requests, errors, cores, cpu_s, system_s)
 
 
 # --- the benchmark --------------------------------------------------------------------------

@@ -16,7 +16,8 @@ rounds whose order rotates, with the same client:
    a fixed aggregate rate, each latency timed from its scheduled start): p50 and p99, and the
    *added* latency (the target's percentile minus direct's, in the same round);
 2. wrk at 64 connections: small requests/s, and the proxy's CPU per request (user + system time
-   of every process of the target's tree, /proc, over the wrk run, per request wrk completed);
+   of every process of the target's tree, /proc, over the wrk run, per request wrk completed;
+   for the paced cell and the streams also the system's part of it);
 3. wrk streaming 64-token SSE responses: tokens/s (streams/s x the tokens one stream carries
    through that target, counted before the run).
 
@@ -131,7 +132,9 @@ EXTRA = (
     Spec("p50_c", f"p50, {CONNECTIONS} conns", "ms", "lower"),
     Spec("p99_c", f"p99, {CONNECTIONS} conns", "ms", "lower"),
     Spec("cpu_paced_ms", f"CPU ms/request, paced {CONNECTIONS} conns", "ms", "lower"),
+    Spec("cpu_paced_sys_ms", "of it system", "ms", "lower"),
     Spec("sse_cpu_ms", "CPU ms per 64-token stream (wrk)", "ms", "lower"),
+    Spec("sse_sys_ms", "of it system", "ms", "lower"),
 )
 SPECS = {s.key: s for s in (*FIGURES, *EXTRA)}
 
@@ -377,7 +380,9 @@ def summarize_target(raw: Raw, name: str, tokens: int | None) -> tuple[dict[str,
         counts[f"n_{suffix}"] = sum(len(s.values) for s in rounds)
         counts[f"errors_{suffix}"] = sum(s.errors for s in rounds)
         if c == CONNECTIONS:
-            figs["cpu_paced_ms"] = Figure.of(Cpu.of(rounds).rounds)
+            cpu = Cpu.of(rounds)
+            figs["cpu_paced_ms"] = Figure.of(cpu.rounds)
+            figs["cpu_paced_sys_ms"] = Figure.of(cpu.system_rounds)
     small = raw.wrk.get(("wrk-small", name), [])
     sse = raw.wrk.get(("wrk-sse", name), [])
     if small:
@@ -388,6 +393,7 @@ def summarize_target(raw: Raw, name: str, tokens: int | None) -> tuple[dict[str,
     if sse and tokens is not None:
         figs["sse_tokens_s"] = Figure.of([w.requests_per_s * tokens for w in sse])
         figs["sse_cpu_ms"] = Figure.of([ratio(1000 * w.server_cpu_s, w.requests) for w in sse])
+        figs["sse_sys_ms"] = Figure.of([ratio(1000 * w.server_system_s, w.requests) for w in sse])
         counts["sse_streams"] = sum(w.requests for w in sse)
         counts["sse_errors"] = sum(w.errors for w in sse)
     return figs, counts
@@ -719,7 +725,9 @@ def markdown(report: Report, chart_file: Path | None) -> str:
         f"requests and of {SSE_TOKENS}-token SSE streams.",
         "- Added = the target's percentile minus direct's in the same round. CPU ms/request: "
         "user + system CPU of every process of the target (its process tree, /proc) over the wrk "
-        "run, divided by the requests wrk completed. SSE tokens/s: wrk's streams/s x the tokens "
+        "run, divided by the requests wrk completed; the paced cell's and a stream's the same way, "
+        "and beside them the system's part of it (the kernel's work on the process's behalf: "
+        "the sockets, waking). SSE tokens/s: wrk's streams/s x the tokens "
         "one stream carried through that target. Every figure is the median of the rounds' "
         "values (each round's in the last table).",
         "- Goals: tiergate's CPU per request <= "

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtests.harness.procs import cpu_seconds
+from loadtests.harness.procs import cpu_times
 
 
 def ratio(a: float, b: float) -> float:
@@ -23,12 +23,19 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(finite) if finite else math.nan
 
 
-def cpu_of(pids: Sequence[int]) -> float:
-    total = 0.0
+def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
+    """The user and the system CPU time (s) the processes have used so far, summed (a process
+    gone counts nothing)."""
+    user = system = 0.0
     for pid in pids:
         with contextlib.suppress(OSError):
-            total += cpu_seconds(pid)
-    return total
+            u, s = cpu_times(pid)
+            user, system = user + u, system + s
+    return user, system
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    return sum(cpu_split(pids))
 
 
 @dataclass
@@ -39,12 +46,18 @@ class Samples:
     errors: int = 0
     wall_s: float = 0.0  # time from the first scheduled start to the last answer, summed
     cpu_s: float = 0.0  # CPU the serving process(es) used over the same window
+    system_s: float = 0.0  # of it, the system's (the kernel's, on the processes' behalf)
 
     def add(self, ok: bool, latency: float) -> None:
         if ok:
             self.values.append(latency)
         else:
             self.errors += 1
+
+    def charge(self, before: tuple[float, float], after: tuple[float, float]) -> None:
+        """The CPU used between two readings of `cpu_split`."""
+        self.system_s = after[1] - before[1]
+        self.cpu_s = after[0] - before[0] + self.system_s
 
     @property
     def completed(self) -> int:
@@ -59,6 +72,7 @@ class Samples:
             out.errors += s.errors
             out.wall_s += s.wall_s
             out.cpu_s += s.cpu_s
+            out.system_s += s.system_s
         return out
 
 
@@ -112,6 +126,7 @@ class Cpu:
     rounds: list[float]
     cpu_s: float  # summed over rounds
     requests: int  # completed, summed over rounds
+    system_rounds: list[float]  # of each round's, the system's (ms per request)
 
     @classmethod
     def of(cls, rounds: Sequence[Samples]) -> Cpu:
@@ -121,6 +136,7 @@ class Cpu:
             rounds=per,
             cpu_s=sum(s.cpu_s for s in rounds),
             requests=sum(s.completed for s in rounds),
+            system_rounds=[ratio(1000 * s.system_s, s.completed) for s in rounds],
         )
 
 

@@ -338,12 +338,17 @@ class GranianGatewayProcess(GatewayProcess):
                 "--host", self.host, "--port", str(self.port), self.FACTORY]  # fmt: skip
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (Linux /proc)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """The user and the system CPU time (s) a process has used so far (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    return sum(cpu_times(pid))
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.common.stats import Samples, cpu_of
+from loadtests.common.stats import Samples, cpu_split
 from loadtests.harness.client import Result, stream_completion
 
 PROFILE = "instant"
@@ -84,7 +84,7 @@ async def closed_small(
     out = Samples()
     async with client_session(connections) as session:
         await warm(session, url, payload, connections)
-        cpu0 = cpu_of(pids)
+        cpu0 = cpu_split(pids)
         start = time.perf_counter()
         deadline = start + duration_s
 
@@ -95,7 +95,7 @@ async def closed_small(
 
         await asyncio.gather(*(user() for _ in range(connections)))
         out.wall_s = time.perf_counter() - start
-        out.cpu_s = cpu_of(pids) - cpu0
+        out.charge(cpu0, cpu_split(pids))
     return out
 
 
@@ -114,7 +114,7 @@ async def paced_small(
     period = connections / rate
     async with client_session(connections) as session:
         await warm(session, url, payload, connections)
-        cpu0 = cpu_of(pids)
+        cpu0 = cpu_split(pids)
         start = time.perf_counter() + 0.005
         ends: list[float] = [start]
 
@@ -131,7 +131,7 @@ async def paced_small(
 
         await asyncio.gather(*(pacer(c) for c in range(connections)))
         out.wall_s = max(ends) - start
-        out.cpu_s = cpu_of(pids) - cpu0
+        out.charge(cpu0, cpu_split(pids))
     return out
 
 
@@ -145,7 +145,7 @@ async def closed_ttft(
             *(stream_completion(session, url, body, Result(u, 0, time.perf_counter()))
               for u in range(connections))
         )  # fmt: skip
-        cpu0 = cpu_of(pids)
+        cpu0 = cpu_split(pids)
         start = time.perf_counter()
         deadline = start + duration_s
 
@@ -158,7 +158,7 @@ async def closed_ttft(
 
         await asyncio.gather(*(user(u) for u in range(connections)))
         out.wall_s = time.perf_counter() - start
-        out.cpu_s = cpu_of(pids) - cpu0
+        out.charge(cpu0, cpu_split(pids))
     return out
 
 

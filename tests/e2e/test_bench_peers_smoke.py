@@ -82,6 +82,9 @@ def test_peers_report_has_a_row_or_a_note_for_every_target(tmp_path: Path) -> No
         assert counts["n_c"] > 0
         assert counts["errors_1"] == counts["errors_c"] == 0
         assert 0 < figs["p50_1"].value <= figs["p99_1"].value
+        # The system's part of the paced cell's CPU, beside the whole (10 ms ticks: both may
+        # read 0 in so short a window).
+        assert 0 <= figs["cpu_paced_sys_ms"].value <= figs["cpu_paced_ms"].value
         if name != "direct":
             added = figs["added_p50_1"].value
             assert added == pytest.approx(figs["p50_1"].value - report.value("direct", "p50_1"))
@@ -90,6 +93,8 @@ def test_peers_report_has_a_row_or_a_note_for_every_target(tmp_path: Path) -> No
             assert figs["rps"].value > 0
             assert figs["cpu_ms"].value >= 0
             assert report.tokens_per_stream[name] == 64
+            if counts["sse_streams"] > 0:
+                assert 0 <= figs["sse_sys_ms"].value <= figs["sse_cpu_ms"].value
             # A slow peer may finish no stream within a 1 s run: the report says so.
             assert counts["sse_streams"] > 0 or any(
                 n.startswith(f"{name} completed no 64-token stream") for n in report.notes
