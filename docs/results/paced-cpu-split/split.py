@@ -1,11 +1,13 @@
 """User and system CPU per paced small request (64 connections, 400 requests a second, one
 `instant` simulator: `bench peers`' paced cell), read apart from /proc: `tiergate serve`, vLLM's
-router (from `bench peers`' own environment of the peers) and, with --python or --burn, a second
-`tiergate serve` that differs in one thing: another interpreter, or a known amount of
-interpreted work added to each request (burn/sitecustomize.py). The targets' order alternates
-round by round. From the repository's root:
+router (from `bench peers`' own environment of the peers) and, with --python, --burn or
+--taskset, a second `tiergate serve` that differs in one thing: another interpreter, a known
+amount of interpreted work added to each request (burn/sitecustomize.py), or its process held
+to the CPUs given (`taskset -c`); --pin-router holds every thread of vLLM's router to the CPUs
+given. The targets' order alternates round by round. From the repository's root:
 
-    python docs/results/paced-cpu-split/split.py ROUNDS [--python PATH | --burn K]
+    python docs/results/paced-cpu-split/split.py ROUNDS [--python PATH | --burn K | --taskset CPUS]
+        [--pin-router CPUS]
 """
 
 import argparse
@@ -14,6 +16,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,18 +45,23 @@ def user_sys(pids: list[int]) -> tuple[float, float]:
 
 class OtherPython(GatewayProcess):
     python: str = sys.executable
+    cpus: str | None = None
 
     def command(self) -> list[str]:
-        return [self.python, "-P", "-m", "tiergate", *self.argv()]
+        pin = [] if self.cpus is None else ["taskset", "-c", self.cpus]
+        return [*pin, self.python, "-P", "-m", "tiergate", *self.argv()]
 
 
 def variant(args: argparse.Namespace, sim_url: str, tmp: Path, stack: contextlib.ExitStack,
             ) -> Target | None:  # fmt: skip
-    if args.python is None and args.burn is None:
+    if args.python is None and args.burn is None and args.taskset is None:
         return None
     config = tmp / "variant.yaml"
     config.write_text(yaml.safe_dump(gateway_config(sim_url, MODEL)))
-    if args.python is not None:
+    if args.taskset is not None:
+        gw = OtherPython(config=config, log=tmp / "variant.log")
+        gw.cpus, name = args.taskset, f"tiergate on CPU {args.taskset}"
+    elif args.python is not None:
         gw = OtherPython(config=config, log=tmp / "variant.log")
         gw.python, name = args.python, f"tiergate on {args.python}"
     else:
@@ -70,6 +78,8 @@ def main() -> None:
     ap.add_argument("rounds", type=int)
     ap.add_argument("--python")
     ap.add_argument("--burn", type=int)
+    ap.add_argument("--taskset")
+    ap.add_argument("--pin-router")
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
     opts = peers.Options(targets=("tiergate", "vllm-router"), install=False)
@@ -81,6 +91,10 @@ def main() -> None:
         targets = [t for t in running if t.name != "direct"]
         if (other := variant(args, direct.url, Path(tmp), stack)) is not None:
             targets.insert(1, other)
+        if args.pin_router is not None:
+            for pid in next(t for t in targets if t.name == "vllm-router").server_pids():
+                subprocess.run(["taskset", "-a", "-cp", args.pin_router, str(pid)], check=True,
+                               stdout=subprocess.DEVNULL)  # fmt: skip
         print("versions:", versions)
         payload = json.dumps(small_body(MODEL)).encode()
         for r in range(args.rounds):
