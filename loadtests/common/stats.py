@@ -35,6 +35,7 @@ def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
 
 
 def cpu_of(pids: Sequence[int]) -> float:
+    """User + system CPU time (s) the processes have used so far, summed."""
     return sum(cpu_split(pids))
 
 
