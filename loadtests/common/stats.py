@@ -34,10 +34,6 @@ def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
     return user, system
 
 
-def cpu_of(pids: Sequence[int]) -> float:
-    """User + system CPU time (s) the processes have used so far, summed."""
-    return sum(cpu_split(pids))
-
 
 @dataclass
 class Samples:
