@@ -428,6 +428,36 @@ def test_requests_teach_ttft_and_tpot() -> None:
     assert p.acceptance is None
 
 
+@pytest.mark.parametrize(
+    ("seen", "below"),
+    [
+        # Seen only in a burst, steeply: the line through it would reach nothing (10 ms at 10
+        # streams, 20 at 16: -5 ms at one); below the fewest streams seen it stays flat.
+        ([(10.0, 0.010), (16.0, 0.020)], 0.010),
+        # Seen at 12 and 16, gently: flat below 12 at what the fit gives there.
+        ([(12.0, 0.015), (16.0, 0.016)], 0.015),
+        # Seen from one stream on: the line as fitted (a rise from 1 to 4 streams).
+        ([(1.0, 0.010), (4.0, 0.013)], None),
+    ],
+)
+def test_below_the_fewest_streams_seen_the_curve_is_flat(
+    seen: list[tuple[float, float]], below: float | None
+) -> None:
+    m = model()
+    for i in range(40):
+        n, y = seen[i % len(seen)]
+        m.observe_request(float(i), tpot=(n, y), ttft=None)
+    p = m.prediction()
+    low = int(seen[0][0])
+    for n in range(0, low + 1):
+        assert p.tpot.at(n) > 0
+        assert p.tpot.at(n) == pytest.approx(p.tpot.at(low))
+        if below is not None:
+            assert p.tpot.at(n) == pytest.approx(below, rel=0.05)
+    if below is None:
+        assert p.tpot.at(4) > p.tpot.at(1)
+
+
 @pytest.mark.parametrize(("sigma", "mu"), [(0.02, 0.0), (0.05, 0.03), (0.2, -0.1)])
 def test_the_spread_is_measured_in_logs(sigma: float, mu: float) -> None:
     rng = random.Random(7)
