@@ -68,6 +68,7 @@ from loadtests.common.stats import (
     Cpu,
     Samples,
     Stat,
+    cpu_spent,
     cpu_split,
     json_safe,
     ms,
@@ -417,9 +418,7 @@ async def run_wrk(
         if proc.returncode is None:  # cancelled (Ctrl-C): do not leave wrk running
             proc.kill()
             await proc.wait()
-    c1 = cpu_split(pids)
-    system_s = c1[1] - c0[1]
-    cpu_s = c1[0] - c0[0] + system_s
+    cpu_s, system_s = cpu_spent(c0, cpu_split(pids))
     cores = cpu_s / (time.perf_counter() - t0)
     output = stdout.decode(errors="replace")
     if proc.returncode != 0:

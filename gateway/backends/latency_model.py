@@ -674,16 +674,15 @@ class BackendModel:
             return UNKNOWN
         frontier = min(self.frontier, TABLE_MAX - 1)
         roof = fit_roofline([(k, v, self.tpot.weights[KNOTS.index(k)]) for k, v in points])
-        # Below the fewest streams observed, flat: a step is memory-bound there, and a line
-        # fitted to loads seen only in a burst, carried down, fell to nothing at one stream (a
-        # pool engine predicted to decode in no time drew an idle chat's first turn from the
-        # latency engine: docs/results/below-data).
-        # (The line only rises: above that floor everywhere, where the fit is of any use.)
-        low = points[0][0]
-        floor = roof.at(low)
+        # Never below its value at the fewest streams observed (the knot's own where the fit's
+        # is not positive): the line only rises, so below them it is flat, as a memory-bound
+        # step is. Carried down from loads seen only in a burst, it fell to nothing at one
+        # stream, and a pool engine predicted to decode in no time drew an idle chat's first
+        # turn from the latency engine (docs/results/below-data).
+        floor = roof.at(points[0][0])
         if floor <= 0:
             floor = points[0][1]
-        line = [max(roof.at(n), floor) if n > low else floor for n in range(TABLE_MAX + 1)]
+        line = [max(roof.at(n), floor) for n in range(TABLE_MAX + 1)]
         # Even where the fit shows a steeper part inside the data, past them the step may
         # steepen again as far as the model can tell (a fit's ridge may be noise).
         tokens = frontier * (self.acceptance.verified_per_step or 1.0)

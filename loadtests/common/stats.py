@@ -23,6 +23,12 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(finite) if finite else math.nan
 
 
+def cpu_spent(before: tuple[float, float], after: tuple[float, float]) -> tuple[float, float]:
+    """(user + system, system) CPU seconds used between two readings of `cpu_split`."""
+    system = after[1] - before[1]
+    return after[0] - before[0] + system, system
+
+
 def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
     """The user and the system CPU time (s) the processes have used so far, summed (a process
     gone counts nothing)."""
@@ -53,8 +59,7 @@ class Samples:
 
     def charge(self, before: tuple[float, float], after: tuple[float, float]) -> None:
         """The CPU used between two readings of `cpu_split`."""
-        self.system_s = after[1] - before[1]
-        self.cpu_s = after[0] - before[0] + self.system_s
+        self.cpu_s, self.system_s = cpu_spent(before, after)
 
     @property
     def completed(self) -> int:

@@ -73,7 +73,7 @@ def main() -> None:
                            capture_output=True)  # fmt: skip
         finally:
             gw.stop()
-    print(f"{sys.executable} ({sys.version.split()[0]}): {total:,.0f} instructions a request")
+    print(f"Python {sys.version}: {total:,.0f} instructions a request")
     own = by_object(out / "callgrind.out.1")
     whole = sum(own.values())
     for name, n in own.most_common(8):

@@ -26,21 +26,12 @@ from rich.console import Console
 
 sys.path.insert(0, os.getcwd())
 from loadtests import peers
+from loadtests.common.stats import cpu_spent, cpu_split
 from loadtests.harness.procs import GatewayProcess
 from loadtests.harness.proxied import Target, gateway_config, paced_small, small_body
 
 MODEL = "meta-llama/Llama-2-7b-chat-hf"
-TICK = os.sysconf("SC_CLK_TCK")
 HERE = Path(__file__).resolve().parent
-
-
-def user_sys(pids: list[int]) -> tuple[float, float]:
-    user = system = 0
-    for pid in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-            user, system = user + int(fields[11]), system + int(fields[12])
-    return user / TICK, system / TICK
 
 
 class OtherPython(GatewayProcess):
@@ -63,7 +54,9 @@ def variant(args: argparse.Namespace, sim_url: str, tmp: Path, stack: contextlib
         gw.cpus, name = args.taskset, f"tiergate on CPU {args.taskset}"
     elif args.python is not None:
         gw = OtherPython(config=config, log=tmp / "variant.log")
-        gw.python, name = args.python, f"tiergate on {args.python}"
+        ask = [args.python, "-c", "import platform; print(platform.python_version())"]
+        version = subprocess.run(ask, capture_output=True, text=True, check=True).stdout.strip()
+        gw.python, name = args.python, f"tiergate on Python {version}"
     else:
         env = {"PYTHONPATH": f"{HERE / 'burn'}{os.pathsep}{os.getcwd()}",
                "TIERGATE_BURN": str(args.burn)}  # fmt: skip
@@ -100,12 +93,12 @@ def main() -> None:
         for r in range(args.rounds):
             for t in targets if r % 2 == 0 else targets[::-1]:
                 pids = t.server_pids()
-                u0, s0 = user_sys(pids)
+                before = cpu_split(pids)
                 samples = asyncio.run(paced_small(f"{t.url}/v1/completions", payload, 64, 400,
                                                   args.seconds, pids))  # fmt: skip
-                u1, s1 = user_sys(pids)
+                both, system = cpu_spent(before, cpu_split(pids))
                 n = len(samples.values)
-                user, system = 1000 * (u1 - u0) / n, 1000 * (s1 - s0) / n
+                user, system = 1000 * (both - system) / n, 1000 * system / n
                 per.setdefault(t.name, []).append((user, system))
                 print(f"round {r + 1} {t.name}: {n} requests, user {user:.3f} ms, "
                       f"system {system:.3f} ms a request", flush=True)  # fmt: skip
